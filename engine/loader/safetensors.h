@@ -1,0 +1,78 @@
+/*
+ * safetensors.h: read-only safetensors reader (single file or a sharded
+ * directory with model.safetensors.index.json), over memory mappings, plus a
+ * writer.
+ *
+ * Owns: the mappings of all shards and the parsed tensor table. Everything
+ * returned points into the st_model and lives until st_close().
+ * Invariants after a successful open: the 8-byte header length and the JSON
+ * header are bounds-checked (header <= 100 MiB, valid UTF-8 JSON object);
+ * every tensor's dtype is known, its shape product times the element size
+ * equals its byte range exactly (overflow-checked), the ranges lie inside the
+ * file's data section and do not overlap; names are unique across shards; for
+ * a sharded model every tensor listed in the index's weight_map is present in
+ * the named shard. A model file is untrusted input.
+ * Threading: immutable after open; safe to read from any thread.
+ * Format: https://github.com/huggingface/safetensors (README "Format").
+ */
+#ifndef SPECD_LOADER_SAFETENSORS_H
+#define SPECD_LOADER_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/util/err.h"
+
+typedef enum {
+    ST_BOOL, ST_U8, ST_I8, ST_I16, ST_U16, ST_I32, ST_U32, ST_I64, ST_U64,
+    ST_F16, ST_BF16, ST_F32, ST_F64,
+} st_dtype;
+
+#define ST_MAX_DIMS 8
+
+typedef struct st_tensor {
+    const char *name;            /* NUL-terminated */
+    st_dtype dtype;
+    int n_dims;                  /* 0..ST_MAX_DIMS (0 = scalar) */
+    int64_t shape[ST_MAX_DIMS];  /* outermost first (row-major, as PyTorch) */
+    uint64_t n_elements;
+    uint64_t nbytes;
+    const void *data;            /* inside the mapping; may be unaligned */
+    int shard;                   /* index of the file it lives in */
+} st_tensor;
+
+typedef struct st_model st_model;
+
+/* PATH is a .safetensors file, or a directory holding either
+ * model.safetensors.index.json (+ shards) or exactly one *.safetensors file. */
+int st_open(const char *path, st_model **out, specd_err *err);
+/* One in-memory file (not copied). For tests and fuzzing. */
+int st_open_mem(const void *buf, size_t len, st_model **out, specd_err *err);
+void st_close(st_model *m); /* NULL ok */
+
+size_t st_n_tensors(const st_model *m);
+const st_tensor *st_tensor_at(const st_model *m, size_t i);
+const st_tensor *st_find(const st_model *m, const char *name); /* NULL if absent */
+/* "__metadata__" string value for KEY, NULL if absent. */
+const char *st_metadata(const st_model *m, const char *key);
+
+const char *st_dtype_name(st_dtype t);
+size_t st_dtype_size(st_dtype t); /* bytes per element; BOOL = 1 */
+
+/* Reads the tensor as f32 into DST (n_elements floats) from F32/F16/BF16/F64.
+ * Returns -1 with err for other dtypes. */
+int st_read_f32(const st_tensor *t, float *dst, specd_err *err);
+
+/* Writer: one file, tensors in the given order, 8-byte aligned data offsets,
+ * optional __metadata__ (NULL-terminated key/value pairs, may be NULL). */
+typedef struct st_write_tensor {
+    const char *name;
+    st_dtype dtype;
+    int n_dims;
+    const int64_t *shape;
+    const void *data;            /* n_elements * st_dtype_size bytes */
+} st_write_tensor;
+int st_write(const char *path, const st_write_tensor *tensors, size_t n,
+             const char *const *metadata_kv, specd_err *err);
+
+#endif
