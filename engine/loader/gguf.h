@@ -73,6 +73,10 @@ int gguf_open_mem(const void *buf, size_t len, gguf_file **out, specd_err *err);
 void gguf_close(gguf_file *f); /* NULL ok */
 
 uint32_t gguf_version(const gguf_file *f);
+/* general.alignment (default 32) and the file byte offset of the aligned data
+ * section; tensor data = data section + the tensor's (aligned) offset. */
+uint32_t gguf_alignment(const gguf_file *f);
+uint64_t gguf_data_offset(const gguf_file *f);
 size_t gguf_n_kv(const gguf_file *f);
 const gguf_kv *gguf_kv_at(const gguf_file *f, size_t i);
 const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key); /* NULL if absent */

@@ -1,0 +1,107 @@
+/*
+ * model.h: a target model (the "model runner" of nano-vllm): weights,
+ * the paged KV storage, and one forward pass over a batch of tokens from
+ * many sequences at once (prefill chunks, decode tokens and speculative
+ * verify tokens mixed freely).
+ *
+ * Owns: the weights (views into the mapped model file, or converted copies),
+ * the KV storage (n_blocks blocks of block_size tokens for every layer).
+ * Does NOT own: which blocks belong to whom: that is the block manager's
+ * bookkeeping (engine/runtime), passed in through block tables.
+ * Threading: engine thread only.
+ *
+ * Architectures: "llama" (GGUF or HF safetensors). Every linear is declared
+ * column-parallel, row-parallel or replicated (model_linear_parallel) so the
+ * loader can slice weights per tensor-parallel rank; TP = 1 for now.
+ */
+#ifndef SPECD_MODEL_MODEL_H
+#define SPECD_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+#include "engine/loader/gguf.h"
+#include "engine/util/err.h"
+
+typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_DEEPSEEK_V3 } model_arch;
+typedef enum { TP_REPLICATED, TP_COLUMN, TP_ROW } tp_style;
+
+typedef struct model_config {
+    model_arch arch;
+    char name[128];
+    int32_t n_layers;
+    int32_t hidden;          /* H */
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t ffn;             /* intermediate size */
+    int32_t vocab;
+    int32_t max_pos;         /* context length the model was trained for */
+    float rope_theta;
+    float rms_eps;
+    bool tied_embeddings;
+    bool rope_neox;          /* rotate_half layout (HF) vs adjacent pairs (GGUF-permuted q/k) */
+} model_config;
+
+typedef struct model model;
+
+typedef struct model_load_opts {
+    int32_t block_size;      /* KV tokens per block (16 default) */
+    int64_t kv_bytes;        /* KV storage budget in bytes (all layers, K and V) */
+    int32_t n_blocks;        /* if > 0, overrides kv_bytes */
+} model_load_opts;
+
+/* Loads a GGUF file (llama architecture) or an HF directory. The KV storage
+ * is allocated here from opts. The backend must outlive the model. */
+int model_load(const char *path, backend *be, const model_load_opts *opts, model **out, specd_err *err);
+void model_destroy(model *m); /* NULL ok */
+
+const model_config *model_get_config(const model *m);
+/* The GGUF the model came from (for the tokenizer), NULL for HF directories. */
+const gguf_file *model_gguf(const model *m);
+/* Directory or file the model was loaded from. */
+const char *model_path(const model *m);
+int32_t model_kv_block_size(const model *m);
+int32_t model_kv_n_blocks(const model *m);
+/* KV bytes per token (all layers, K and V): for sizing and /metrics. */
+int64_t model_kv_bytes_per_token(const model *m);
+
+/* One forward step. Token i (0 <= i < n_tokens) is tokens[i] at absolute
+ * position pos[i] of sequence seq_of[i]; its K/V are written to that
+ * sequence's block table slot for pos[i], then it attends causally to
+ * positions [0, pos[i]] of its sequence. The caller guarantees that all
+ * earlier positions' KV are already in the cache or in this same batch, and
+ * that block tables cover pos[i].
+ * Outputs (each optional, NULL = not wanted):
+ *   logits        f32 [n_out, vocab] for the tokens listed in out_idx
+ *   final_hidden  f32 [n_out, H]     post-final-norm hidden state of those tokens
+ *   aux           f32 [n_tokens, n_aux * H]  residual stream ENTERING layers
+ *                 aux_layers[0..n_aux) (EAGLE-3 capture; REFERENCE §2), for
+ *                 every token of the batch, concatenated in the given order. */
+typedef struct model_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;                /* [n_tokens] */
+    const int32_t *pos;                   /* [n_tokens] */
+    const int32_t *seq_of;                /* [n_tokens] */
+    int32_t n_seqs;
+    const int32_t *const *block_tables;   /* [n_seqs] */
+    const uint8_t *tree_mask;             /* [n_tokens, n_tokens] or NULL */
+    int32_t n_out;
+    const int32_t *out_idx;               /* [n_out] token indices whose outputs are wanted */
+    float *logits;
+    float *final_hidden;
+    int32_t n_aux;
+    const int32_t *aux_layers;
+    float *aux;
+} model_batch;
+
+int model_forward(model *m, const model_batch *b, specd_err *err);
+
+/* The embedding and LM head, for a draft head that shares them (EAGLE-3). */
+const bk_weight *model_embed_weight(const model *m);   /* [vocab, H] */
+const bk_weight *model_lm_head_weight(const model *m); /* [vocab, H] (tied: same as embed) */
+backend *model_backend(const model *m);
+
+#endif

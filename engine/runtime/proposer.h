@@ -1,0 +1,50 @@
+/*
+ * proposer.h: the speculative proposer interface (DESIGN.md "The speculative
+ * step"). The engine owns verify / accept / rollback; a proposer only drafts.
+ * draft/ implements it for EAGLE-3 on the engine's public headers; n-gram or
+ * MTP proposers can implement it later without touching the scheduler.
+ *
+ * Threading: called from the engine thread only.
+ * Ids: a proposer returns TARGET token ids (EAGLE-3 maps draft ids through d2t
+ * itself) plus, when sampling, its distribution q over target ids.
+ */
+#ifndef SPECD_RUNTIME_PROPOSER_H
+#define SPECD_RUNTIME_PROPOSER_H
+
+#include <stdint.h>
+
+#include "engine/util/err.h"
+
+typedef struct spec_seq_ref {
+    int64_t seq_id;          /* stable engine sequence id */
+    int32_t n_ctx;           /* tokens of this sequence already known to the target */
+} spec_seq_ref;
+
+typedef struct spec_proposer_ops {
+    /* Target layers whose INPUT residual stream the proposer needs (EAGLE-3 aux
+     * capture), written to *layers (<= 8). Returns the count. */
+    int (*aux_layers)(void *ctx, int32_t *layers);
+    /* Feeds the target's features for newly committed tokens of one sequence:
+     * tokens [n] at positions [pos0, pos0+n) and aux [n, n_aux*H] f32 captured
+     * for those same positions (the draft pairs feature t with token t+1). */
+    int (*extend)(void *ctx, int64_t seq_id, const int32_t *tokens, int32_t n, int32_t pos0,
+                  const float *aux, specd_err *err);
+    /* Proposes k[i] tokens for each of n sequences: out_tokens[i*k_max + j]
+     * (target ids); out_q (if not NULL) [n, k_max, vocab_target] f32 draft
+     * probabilities (zero outside the draft vocabulary). */
+    int (*propose)(void *ctx, const int64_t *seq_ids, const int32_t *k, int32_t n, int32_t k_max,
+                   const float *temperatures, int32_t *out_tokens, float *out_q, specd_err *err);
+    /* Rolls the draft state of a sequence back to n_ctx committed tokens. */
+    void (*truncate)(void *ctx, int64_t seq_id, int32_t n_ctx);
+    /* Frees everything of a sequence. */
+    void (*free_seq)(void *ctx, int64_t seq_id);
+    /* Draft KV blocks (total, free) for /metrics. */
+    void (*kv_usage)(void *ctx, int64_t *total, int64_t *free_blocks);
+} spec_proposer_ops;
+
+typedef struct spec_proposer {
+    const spec_proposer_ops *ops;
+    void *ctx;
+} spec_proposer;
+
+#endif
