@@ -21,7 +21,13 @@ int specd_err_wrap(specd_err *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    size_t np = strlen(prefix), no = strlen(old), at = 0;
+    char *out = err->msg;
+    const size_t cap = sizeof err->msg - 1;
+    for (size_t i = 0; i < np && at < cap; i++) out[at++] = prefix[i];
+    for (size_t i = 0; i < 2 && at < cap; i++) out[at++] = ": "[i];
+    for (size_t i = 0; i < no && at < cap; i++) out[at++] = old[i];
+    out[at] = '\0';
     return -1;
 }
 
