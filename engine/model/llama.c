@@ -1,0 +1,232 @@
+/*
+ * llama.c: the Llama-family target model (Touvron et al. 2023): RMSNorm,
+ * GQA attention with RoPE, SwiGLU MLP, optional tied embeddings; loaded from
+ * a GGUF file (llama.cpp naming) and run on the backend op interface over the
+ * paged KV cache.
+ *
+ * Owns: the model struct, converted weight copies (formats the kernels do not
+ * take packed are dequantized to f32 at load), the KV storage and a grow-only
+ * activation workspace. Packed weights are views into the GGUF mapping.
+ * Tensor parallelism: each linear is declared with its style (LLAMA_LINEARS);
+ * at TP = 1 every rank holds everything.
+ * RoPE layout: llama.cpp's converter permutes q/k rows for adjacent-pair RoPE,
+ * so GGUF weights use neox = false (REFERENCE §4); HF weights use rotate_half.
+ * Threading: engine thread only.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model/model_internal.h"
+#include "engine/util/log.h"
+
+/* Parallel style of every linear (Megatron-LM, Shoeybi et al. 2019):
+ * q/k/v and gate/up split output features (column), o/down split inputs (row). */
+static const struct { const char *name; tp_style style; } LLAMA_LINEARS[] = {
+    {"attn_q", TP_COLUMN}, {"attn_k", TP_COLUMN}, {"attn_v", TP_COLUMN}, {"attn_output", TP_ROW},
+    {"ffn_gate", TP_COLUMN}, {"ffn_up", TP_COLUMN}, {"ffn_down", TP_ROW},
+    {"token_embd", TP_REPLICATED}, {"output", TP_REPLICATED},
+};
+
+tp_style model_linear_parallel(const char *gguf_name) {
+    for (size_t i = 0; i < sizeof LLAMA_LINEARS / sizeof LLAMA_LINEARS[0]; i++)
+        if (strstr(gguf_name, LLAMA_LINEARS[i].name)) return LLAMA_LINEARS[i].style;
+    return TP_REPLICATED;
+}
+
+/* ------------------------------------------------------------ loading */
+
+static void *model_own(model *m, size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) return NULL;
+    void **n = realloc(m->owned, sizeof(void *) * (size_t)(m->n_owned + 1));
+    if (!n) { free(p); return NULL; }
+    m->owned = n;
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+/* Makes a bk_weight [rows, cols] view (or an f32 copy) of a GGUF tensor.
+ * EXPECT_COLS/EXPECT_ROWS: required shape (innermost first: ne0 = cols). */
+static int load_weight(model *m, const char *name, int64_t expect_cols, int64_t expect_rows, bk_weight *w,
+                       specd_err *err) {
+    const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    if (!t) return specd_err_set(err, "tensor %s missing", name);
+    if (t->n_dims > 2 || (int64_t)t->ne[0] != expect_cols || (int64_t)(t->n_dims == 2 ? t->ne[1] : 1) != expect_rows)
+        return specd_err_set(err, "tensor %s has shape [%llu, %llu], expected [%lld, %lld]", name,
+                             (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims == 2 ? t->ne[1] : 1),
+                             (long long)expect_cols, (long long)expect_rows);
+    w->rows = expect_rows;
+    w->cols = expect_cols;
+    w->scales = NULL;
+    uint32_t be = 0, bb = 0;
+    if (ggml_type_block(t->type, &be, &bb) < 0) return specd_err_set(err, "tensor %s: unsupported type", name);
+    switch (t->type) {
+    case GGML_TYPE_F32: w->type = BK_W_F32; break;
+    case GGML_TYPE_F16: w->type = BK_W_F16; break;
+    case GGML_TYPE_BF16: w->type = BK_W_BF16; break;
+    case GGML_TYPE_Q8_0: w->type = BK_W_Q8_0; break;
+    case GGML_TYPE_Q4_0: w->type = BK_W_Q4_0; break;
+    case GGML_TYPE_Q4_1: w->type = BK_W_Q4_1; break;
+    default: {
+        /* K-quants: dequantized to f32 once at load (measured simpler; SmolLM2 has none). */
+        float *f = model_own(m, sizeof(float) * (size_t)t->n_elements);
+        if (!f) return specd_err_set(err, "out of memory dequantizing %s", name);
+        if (ggml_dequantize(t->type, t->data, f, t->n_elements) < 0)
+            return specd_err_set(err, "cannot dequantize %s (%s)", name, ggml_type_name(t->type));
+        w->type = BK_W_F32;
+        w->data = f;
+        w->row_bytes = sizeof(float) * (size_t)expect_cols;
+        return 0;
+    }
+    }
+    w->data = t->data;
+    w->row_bytes = (size_t)(expect_cols / be) * bb;
+    return 0;
+}
+
+/* A norm vector as f32 [n] (view if already f32). */
+static int load_vec(model *m, const char *name, int64_t n, float **out, specd_err *err) {
+    bk_weight w;
+    if (load_weight(m, name, n, 1, &w, err) < 0) return -1;
+    if (w.type == BK_W_F32) { *out = (float *)w.data; return 0; }
+    float *f = model_own(m, sizeof(float) * (size_t)n);
+    if (!f) return specd_err_set(err, "out of memory");
+    bk_weight_row_f32(&w, 0, f);
+    *out = f;
+    return 0;
+}
+
+static int meta_i(const gguf_file *f, const char *arch, const char *key, int64_t *v, specd_err *err) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_get_i64(f, k, v, err);
+}
+static int meta_f(const gguf_file *f, const char *arch, const char *key, double *v, specd_err *err) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_get_f64(f, k, v, err);
+}
+
+int llama_load_gguf(model *m, specd_err *err) {
+    model_config *c = &m->cfg;
+    const char *arch = NULL;
+    size_t arch_len = 0;
+    if (gguf_get_str(m->gguf, "general.architecture", &arch, &arch_len, err) < 0) return -1;
+    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+        return specd_err_set(err, "GGUF architecture '%.*s' is not supported (llama only)", (int)arch_len, arch);
+    int64_t nl, h, nh, nkv = 0, ffn, ctx = 4096, rot = 0;
+    double theta = 10000.0, eps;
+    if (meta_i(m->gguf, "llama", "block_count", &nl, err) < 0 || meta_i(m->gguf, "llama", "embedding_length", &h, err) < 0 ||
+        meta_i(m->gguf, "llama", "attention.head_count", &nh, err) < 0 ||
+        meta_i(m->gguf, "llama", "feed_forward_length", &ffn, err) < 0 ||
+        meta_f(m->gguf, "llama", "attention.layer_norm_rms_epsilon", &eps, err) < 0)
+        return specd_err_wrap(err, "GGUF metadata");
+    if (meta_i(m->gguf, "llama", "attention.head_count_kv", &nkv, NULL) < 0) nkv = nh;
+    meta_i(m->gguf, "llama", "context_length", &ctx, NULL);
+    meta_f(m->gguf, "llama", "rope.freq_base", &theta, NULL);
+    if (nl < 1 || nl > 1024 || h < 32 || h > 65536 || nh < 1 || nh > 1024 || nkv < 1 || nh % nkv || h % nh ||
+        ffn < 1 || ffn > 1 << 20 || ctx < 1 || !(eps > 0) || !(theta > 0))
+        return specd_err_set(err, "GGUF llama hyper-parameters out of range (layers %lld, hidden %lld, heads %lld/%lld)",
+                             (long long)nl, (long long)h, (long long)nh, (long long)nkv);
+    c->arch = MODEL_ARCH_LLAMA;
+    c->n_layers = (int32_t)nl;
+    c->hidden = (int32_t)h;
+    c->n_heads = (int32_t)nh;
+    c->n_kv_heads = (int32_t)nkv;
+    c->head_dim = (int32_t)(h / nh);
+    if (meta_i(m->gguf, "llama", "rope.dimension_count", &rot, NULL) == 0 && rot != c->head_dim)
+        return specd_err_set(err, "partial rotary (rope.dimension_count %lld != head_dim %d) is not supported",
+                             (long long)rot, c->head_dim);
+    c->ffn = (int32_t)ffn;
+    c->max_pos = (int32_t)(ctx > (1 << 24) ? (1 << 24) : ctx);
+    c->rope_theta = (float)theta;
+    c->rms_eps = (float)eps;
+    c->rope_neox = false;
+    const char *name = NULL;
+    size_t name_len = 0;
+    if (gguf_get_str(m->gguf, "general.name", &name, &name_len, NULL) == 0)
+        snprintf(c->name, sizeof c->name, "%.*s", (int)name_len, name);
+
+    const gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!te || te->n_dims != 2) return specd_err_set(err, "tensor token_embd.weight missing or not 2-D");
+    if (te->ne[1] < 1 || te->ne[1] > (1u << 22)) return specd_err_set(err, "vocabulary size %llu out of range", (unsigned long long)te->ne[1]);
+    c->vocab = (int32_t)te->ne[1];
+    if (load_weight(m, "token_embd.weight", h, c->vocab, &m->embed, err) < 0) return -1;
+    c->tied_embeddings = gguf_find_tensor(m->gguf, "output.weight") == NULL;
+    if (c->tied_embeddings) m->lm_head = m->embed;
+    else if (load_weight(m, "output.weight", h, c->vocab, &m->lm_head, err) < 0) return -1;
+    if (load_vec(m, "output_norm.weight", h, &m->out_norm, err) < 0) return -1;
+
+    m->layers = calloc((size_t)nl, sizeof *m->layers);
+    if (!m->layers) return specd_err_set(err, "out of memory");
+    const int64_t qd = (int64_t)nh * c->head_dim, kvd = (int64_t)nkv * c->head_dim;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        llama_layer *L = &m->layers[l];
+        char n[96];
+#define W(field, suffix, cols, rows) \
+    snprintf(n, sizeof n, "blk.%d." suffix ".weight", l); \
+    if (load_weight(m, n, cols, rows, &L->field, err) < 0) return -1;
+        W(wq, "attn_q", h, qd)
+        W(wk, "attn_k", h, kvd)
+        W(wv, "attn_v", h, kvd)
+        W(wo, "attn_output", qd, h)
+        W(wgate, "ffn_gate", h, ffn)
+        W(wup, "ffn_up", h, ffn)
+        W(wdown, "ffn_down", ffn, h)
+#undef W
+        snprintf(n, sizeof n, "blk.%d.attn_norm.weight", l);
+        if (load_vec(m, n, h, &L->attn_norm, err) < 0) return -1;
+        snprintf(n, sizeof n, "blk.%d.ffn_norm.weight", l);
+        if (load_vec(m, n, h, &L->ffn_norm, err) < 0) return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ forward */
+
+int llama_forward(model *m, const model_batch *b, specd_err *err) {
+    const model_config *c = &m->cfg;
+    const bk_ops *op = m->be->ops;
+    void *bx = m->be->ctx;
+    const int32_t T = b->n_tokens, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+    /* workspace: x h q k v att | gate up  (all [T, *]) */
+    float *x = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)c->ffn));
+    if (!x) return specd_err_set(err, "out of memory for a %d-token step", T);
+    float *h = x + (size_t)T * H, *q = h + (size_t)T * H, *k = q + (size_t)T * qd, *v = k + (size_t)T * kvd;
+    float *att = v + (size_t)T * kvd, *gate = att + (size_t)T * qd, *up = gate + (size_t)T * c->ffn;
+
+    if (op->embed(bx, &m->embed, b->tokens, T, x) < 0) return specd_err_set(err, "token id out of range");
+    bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask};
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const llama_layer *L = &m->layers[l];
+        for (int32_t a = 0; a < b->n_aux; a++)  /* EAGLE-3 capture: residual stream entering layer l */
+            if (b->aux && b->aux_layers[a] == l)
+                for (int32_t t = 0; t < T; t++)
+                    memcpy(b->aux + ((size_t)t * b->n_aux + a) * H, x + (size_t)t * H, sizeof(float) * H);
+        /* attention rmsnorm, q/k/v projections, RoPE */
+        op->rmsnorm(bx, x, L->attn_norm, T, H, c->rms_eps, h);
+        if (op->matmul(bx, &L->wq, h, T, q) || op->matmul(bx, &L->wk, h, T, k) || op->matmul(bx, &L->wv, h, T, v))
+            return specd_err_set(err, "matmul failed (out of memory)");
+        op->rope(bx, q, T, nh, hd, hd, b->pos, m->inv_freq, 1.0f, c->rope_neox);
+        op->rope(bx, k, T, nkv, hd, hd, b->pos, m->inv_freq, 1.0f, c->rope_neox);
+        /* paged KV write, then causal attention over the cache */
+        bk_kv_layer kv = model_kv_layer(m, l);
+        op->kv_write(bx, &kv, &am, k, v);
+        op->attention(bx, &kv, &am, q, nh, scale, att);
+        /* output projection + residual connection */
+        if (op->matmul(bx, &L->wo, att, T, h)) return specd_err_set(err, "matmul failed");
+        op->add(bx, x, h, (int64_t)T * H);
+        /* MLP rmsnorm, SwiGLU, down projection + residual */
+        op->rmsnorm(bx, x, L->ffn_norm, T, H, c->rms_eps, h);
+        if (op->matmul(bx, &L->wgate, h, T, gate) || op->matmul(bx, &L->wup, h, T, up))
+            return specd_err_set(err, "matmul failed");
+        op->silu_mul(bx, gate, up, (int64_t)T * c->ffn, gate);
+        if (op->matmul(bx, &L->wdown, gate, T, h)) return specd_err_set(err, "matmul failed");
+        op->add(bx, x, h, (int64_t)T * H);
+    }
+    return model_finish_outputs(m, b, x, err);
+}
