@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""make_random_head.py: a random-weight EAGLE-3 head for SmolLM2-135M-Instruct.
+
+What it owns: writing a head directory (config.json + model.safetensors) in
+either checkpoint layout of REFERENCE.md section 2, deterministically from a
+seed, with numpy only (no torch), so CI can regenerate the exact bytes:
+
+  --layout speculators  config: speculators_model_type "eagle3",
+                        architectures ["Eagle3Speculator"],
+                        transformer_layer_config (Llama; vocab_size = target's),
+                        draft_vocab_size, norm_before_residual,
+                        target_hidden_size, eagle_aux_hidden_state_layer_ids,
+                        speculators_config{algorithm, proposal_methods,
+                        default_proposal_method, verifier{name_or_path,
+                        architectures}};  tensors `layers.0.*`.
+  --layout eagle        config: Llama config with architectures
+                        ["LlamaForCausalLMEagle3"] + draft_vocab_size +
+                        target_hidden_size + eagle_config
+                        {eagle_aux_hidden_state_layer_ids}; tensors `midlayer.*`.
+
+Tensors (bf16 unless said): fc.weight [H, 3H]; <prefix>self_attn.{q,k,v}_proj
+.weight [heads*64, 2H], o_proj [H, heads*64]; mlp.{gate,up} [I, H], down [H, I];
+<prefix>{input_layernorm,hidden_norm,post_attention_layernorm}.weight [H];
+norm.weight [H]; lm_head.weight [32000, H] (omit with --no-lm-head); d2t int64
+[32000] OFFSETS; t2d bool [49152]; q/k/v/o biases [out] with --attention-bias
+(HF Llama's attention_bias covers o_proj too).
+No embed_tokens: the target's is shared (REFERENCE section 2).
+
+Random vocabulary map (deterministic, non-identity): a seeded random subset of
+49152 - 32000 = 17152 target ids is excluded; used = the remaining ids sorted
+ascending; d2t[i] = used[i] - i; t2d[used[i]] = true.
+
+Scales (so the draft's logits are non-degenerate): linear weights N(0, s/sqrt
+(fan_in)) with s = 1 except q/k (1.5, so attention is not uniform and RoPE
+matters) and lm_head (2.0, logits spread over a few units); norm weights
+1 + N(0, 0.1) so a swapped norm changes the answer; biases N(0, 0.1).
+
+The random stream: numpy Generator(PCG64(seed)); tensors are drawn in the
+fixed order of TENSOR_ORDER below (stable across numpy versions for
+`standard_normal` float64 and `permutation`).
+
+Usage: make_random_head.py --layout {speculators,eagle} --out DIR --seed S
+       [--rope-theta 100000|none] [--norm-before-residual]
+       [--attention-bias] [--no-lm-head]
+"""
+
+import argparse
+import json
+import os
+import struct
+
+import numpy as np
+
+# SmolLM2-135M-Instruct (REFERENCE.md section 4)
+H, HEADS, KV_HEADS, HEAD_DIM, INTER = 576, 9, 3, 64, 1536
+TARGET_VOCAB, DRAFT_VOCAB, N_LAYERS = 49152, 32000, 30
+RMS_EPS = 1e-5
+AUX_IDS = [2, N_LAYERS // 2, N_LAYERS - 3]   # "input to layer i" convention
+
+
+def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), round to nearest even."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u >> 16) & 1) + 0x7FFF
+    return ((u + r) >> 16).astype(np.uint16)
+
+
+def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def save_safetensors(path: str, tensors: dict, metadata: dict | None = None):
+    """Write a safetensors file.  tensors: name -> (dtype_str, shape, bytes).
+    Layout: u64 LE header length, JSON header padded with spaces to 8 bytes,
+    then the data in insertion order."""
+    header, off, blobs = {}, 0, []
+    for name, (dt, shape, data) in tensors.items():
+        header[name] = {"dtype": dt, "shape": list(shape),
+                        "data_offsets": [off, off + len(data)]}
+        off += len(data)
+        blobs.append(data)
+    if metadata:
+        header["__metadata__"] = metadata
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * ((8 - len(hj) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)))
+        f.write(hj)
+        for b in blobs:
+            f.write(b)
+
+
+def vocab_map(rng) -> tuple[np.ndarray, np.ndarray]:
+    """d2t int64 [DRAFT_VOCAB] offsets and t2d bool [TARGET_VOCAB]."""
+    excluded = rng.permutation(TARGET_VOCAB)[: TARGET_VOCAB - DRAFT_VOCAB]
+    t2d = np.ones(TARGET_VOCAB, dtype=bool)
+    t2d[excluded] = False
+    used = np.nonzero(t2d)[0].astype(np.int64)
+    assert used.shape[0] == DRAFT_VOCAB
+    d2t = used - np.arange(DRAFT_VOCAB, dtype=np.int64)
+    return d2t, t2d
+
+
+def llama_layer_config(rope_theta, attention_bias: bool) -> dict:
+    c = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": H,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "intermediate_size": INTER,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": RMS_EPS,
+        "vocab_size": TARGET_VOCAB,
+        "max_position_embeddings": 8192,
+        "attention_bias": attention_bias,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    if rope_theta is not None:
+        c["rope_theta"] = float(rope_theta)
+    return c
+
+
+def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool) -> dict:
+    lc = llama_layer_config(rope_theta, attention_bias)
+    if layout == "speculators":
+        return {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "speculators_version": "0.9.0",
+            "transformer_layer_config": lc,
+            "draft_vocab_size": DRAFT_VOCAB,
+            "norm_before_residual": nbr,
+            "target_hidden_size": H,
+            "eagle_aux_hidden_state_layer_ids": AUX_IDS,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{
+                    "proposal_type": "greedy", "speculative_tokens": 3,
+                    "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                             "architectures": ["LlamaForCausalLM"]},
+            },
+        }
+    c = dict(lc)
+    c["architectures"] = ["LlamaForCausalLMEagle3"]
+    c["draft_vocab_size"] = DRAFT_VOCAB
+    c["target_hidden_size"] = H
+    if nbr:
+        c["norm_before_residual"] = True
+    c["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX_IDS,
+                         "use_aux_hidden_state": True}
+    return c
+
+
+def make_tensors(rng, layout: str, attention_bias: bool, lm_head: bool) -> dict:
+    """name -> numpy array (f32 values already rounded to bf16, or int/bool)."""
+    p = "layers.0." if layout == "speculators" else "midlayer."
+
+    def lin(out_f, in_f, s=1.0):
+        w = rng.standard_normal((out_f, in_f)) * (s / np.sqrt(in_f))
+        return w.astype(np.float32)
+
+    def nw(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {}
+    # TENSOR_ORDER: the random stream is consumed in exactly this order.
+    d2t, t2d = vocab_map(rng)
+    t["fc.weight"] = lin(H, 3 * H)
+    t[p + "self_attn.q_proj.weight"] = lin(HEADS * HEAD_DIM, 2 * H, 1.5)
+    t[p + "self_attn.k_proj.weight"] = lin(KV_HEADS * HEAD_DIM, 2 * H, 1.5)
+    t[p + "self_attn.v_proj.weight"] = lin(KV_HEADS * HEAD_DIM, 2 * H)
+    t[p + "self_attn.o_proj.weight"] = lin(H, HEADS * HEAD_DIM)
+    t[p + "mlp.gate_proj.weight"] = lin(INTER, H)
+    t[p + "mlp.up_proj.weight"] = lin(INTER, H)
+    t[p + "mlp.down_proj.weight"] = lin(H, INTER)
+    t[p + "input_layernorm.weight"] = nw(H)
+    t[p + "hidden_norm.weight"] = nw(H)
+    t[p + "post_attention_layernorm.weight"] = nw(H)
+    t["norm.weight"] = nw(H)
+    lm = lin(DRAFT_VOCAB, H, 2.0)          # drawn even when omitted: same stream
+    if lm_head:
+        t["lm_head.weight"] = lm
+    if attention_bias:
+        t[p + "self_attn.q_proj.bias"] = (0.1 * rng.standard_normal(HEADS * HEAD_DIM)).astype(np.float32)
+        t[p + "self_attn.k_proj.bias"] = (0.1 * rng.standard_normal(KV_HEADS * HEAD_DIM)).astype(np.float32)
+        t[p + "self_attn.v_proj.bias"] = (0.1 * rng.standard_normal(KV_HEADS * HEAD_DIM)).astype(np.float32)
+        t[p + "self_attn.o_proj.bias"] = (0.1 * rng.standard_normal(H)).astype(np.float32)
+    t["d2t"] = d2t
+    t["t2d"] = t2d
+    return t
+
+
+def write_head(out: str, layout: str, seed: int, rope_theta=100000.0,
+               nbr: bool = False, attention_bias: bool = False,
+               lm_head: bool = True) -> dict:
+    """Write the head; returns the config dict."""
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.Generator(np.random.PCG64(seed))
+    tensors = make_tensors(rng, layout, attention_bias, lm_head)
+    st = {}
+    for name, a in tensors.items():
+        if a.dtype == np.int64:
+            st[name] = ("I64", a.shape, a.astype("<i8").tobytes())
+        elif a.dtype == bool:
+            st[name] = ("BOOL", a.shape, a.astype(np.uint8).tobytes())
+        else:
+            st[name] = ("BF16", a.shape, f32_to_bf16_bits(a).astype("<u2").tobytes())
+    save_safetensors(os.path.join(out, "model.safetensors"), st,
+                     {"format": "pt", "generator": "tools/eagle3/make_random_head.py",
+                      "seed": str(seed), "layout": layout})
+    cfg = make_config(layout, rope_theta, nbr, attention_bias)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return cfg
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layout", choices=["speculators", "eagle"], required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--rope-theta", default="100000",
+                    help="a number, or 'none' to leave it out (default 10000 then applies)")
+    ap.add_argument("--norm-before-residual", action="store_true")
+    ap.add_argument("--attention-bias", action="store_true")
+    ap.add_argument("--no-lm-head", action="store_true")
+    a = ap.parse_args()
+    theta = None if a.rope_theta.lower() == "none" else float(a.rope_theta)
+    write_head(a.out, a.layout, a.seed, theta, a.norm_before_residual,
+               a.attention_bias, not a.no_lm_head)
+    print(f"make_random_head: wrote {a.layout} head (seed {a.seed}) to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
