@@ -8,8 +8,9 @@
  * Invariants after a successful open: the 8-byte header length and the JSON
  * header are bounds-checked (header <= 100 MiB, valid UTF-8 JSON object);
  * every tensor's dtype is known, its shape product times the element size
- * equals its byte range exactly (overflow-checked), the ranges lie inside the
- * file's data section and do not overlap; names are unique across shards; for
+ * equals its byte range exactly (overflow-checked), the ranges tile the
+ * file's data section exactly (no overlap, no hole, as the reference
+ * implementation requires); names are unique across shards; for
  * a sharded model every tensor listed in the index's weight_map is present in
  * the named shard. A model file is untrusted input.
  * Threading: immutable after open; safe to read from any thread.
@@ -63,8 +64,12 @@ size_t st_dtype_size(st_dtype t); /* bytes per element; BOOL = 1 */
  * Returns -1 with err for other dtypes. */
 int st_read_f32(const st_tensor *t, float *dst, specd_err *err);
 
-/* Writer: one file, tensors in the given order, 8-byte aligned data offsets,
- * optional __metadata__ (NULL-terminated key/value pairs, may be NULL). */
+/* Writer: one file, tensors in the given order, optional __metadata__
+ * (NULL-terminated key/value pairs, may be NULL). As the Python package does,
+ * the JSON header is padded with spaces so the data section starts 8-byte
+ * aligned; tensors follow back to back (the format forbids holes, so a
+ * tensor's offset is aligned only if the sizes before it keep it so).
+ * Written to a temporary file and renamed into place. */
 typedef struct st_write_tensor {
     const char *name;
     st_dtype dtype;

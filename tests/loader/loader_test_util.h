@@ -51,7 +51,8 @@ static inline void fixture_path(char *out, size_t cap, const char *name) {
     snprintf(out, cap, "%s/tests/fixtures/loader/%s", root, name);
 }
 
-/* Reads a whole fixture file; returns malloc'd bytes (NULL if missing). */
+/* Reads a whole fixture file; returns malloc'd bytes with a NUL appended
+ * (not counted in *len), NULL if missing. */
 static inline void *fixture_read(const char *name, size_t *len) {
     char path[4096];
     fixture_path(path, sizeof path, name);
@@ -60,12 +61,13 @@ static inline void *fixture_read(const char *name, size_t *len) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    void *p = malloc(n > 0 ? (size_t)n : 1);
+    char *p = malloc(n > 0 ? (size_t)n + 1 : 1);
     if (p && n > 0 && fread(p, 1, (size_t)n, f) != (size_t)n) {
         free(p);
         p = NULL;
     }
     fclose(f);
+    if (p) p[n > 0 ? n : 0] = '\0';
     if (len) *len = (size_t)(n > 0 ? n : 0);
     return p;
 }

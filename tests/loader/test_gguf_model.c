@@ -97,7 +97,8 @@ static void test_metadata_vs_gguf_py(void **state) {
     char *meta = fixture_read("model_meta.txt", NULL);
     assert_non_null(meta);
     size_t n_checked = 0;
-    for (char *line = strtok(meta, "\n"); line; line = strtok(NULL, "\n")) {
+    char *save = NULL;
+    for (char *line = strtok_r(meta, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *fld[6] = {0};
         int nf = 0;
         for (char *p = line; nf < 6;) {
