@@ -157,6 +157,7 @@ typedef struct req {
     size_t err_len;
     char curl_err[CURL_ERROR_SIZE];
     int parse_failed;       /* the stream could not be parsed: stop reading */
+    int tokenize;           /* a stream without usage is counted through the tokenize path */
 } req;
 
 static int on_sse_event(void *user, const char *data, size_t len) {
@@ -253,7 +254,8 @@ static req *req_create(const bench_client_cfg *cfg, const char *url, int chat, c
     bench_sse_init(&q->sse, on_sse_event, q);
     q->st.rec = rec;
     q->st.chat = chat;
-    q->st.keep_text = cfg->keep_text;
+    q->st.keep_text = cfg->keep_text || cfg->tokenize_path;
+    q->tokenize = cfg->tokenize_path != NULL;
     CURL *e = q->easy;
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->body);
@@ -297,6 +299,11 @@ static void req_finish(req *q, CURLcode rc, double now) {
     if (r->error) return; /* a parse failure already said why */
     if (q->st.server_error) {
         record_fail(r, "server error in stream: %.200s", q->st.server_error);
+        return;
+    }
+    if (!q->st.got_usage && q->tokenize) {
+        r->retokenized = 1; /* counted after the run, so the count cannot disturb timing */
+        r->success = 1;
         return;
     }
     if (!q->st.got_usage) {
@@ -392,6 +399,19 @@ int bench_client_run(const bench_client_cfg *cfg, const bench_dataset *ds, size_
     }
     if (tty) fprintf(stderr, "\n");
     out->duration_s = t_end - t0;
+    for (size_t i = 0; i < n; i++) { /* servers without streamed usage: count after the clock stopped */
+        bench_record *r = &out->rec[i];
+        if (!r->retokenized) continue;
+        specd_err e = {{0}};
+        r->output_tokens = bench_tokenize_count(cfg->base_url, cfg->tokenize_path, cfg->model, r->text ? r->text : "", &e);
+        r->prompt_tokens = bench_tokenize_count(cfg->base_url, cfg->tokenize_path, cfg->model, ds->p[i].text, &e);
+        if (r->output_tokens < 0 || r->prompt_tokens < 0) record_fail(r, "no usage, and tokenize failed: %s", e.msg);
+        if (!cfg->keep_text) {
+            free(r->text);
+            r->text = NULL;
+            r->text_len = r->text_cap = 0;
+        }
+    }
     rc = 0;
 done:
     for (size_t i = 0; inflight_of && i < n; i++)
@@ -429,8 +449,8 @@ static size_t on_get(char *ptr, size_t size, size_t nmemb, void *user) {
     return n;
 }
 
-int bench_http_get(const char *base_url, const char *path, double timeout_s, char **body, size_t *len,
-                   long *status, specd_err *err) {
+int bench_http_request(const char *base_url, const char *path, const char *post_json, double timeout_s,
+                       char **body, size_t *len, long *status, specd_err *err) {
     *body = NULL;
     if (len) *len = 0;
     *status = 0;
@@ -441,6 +461,12 @@ int bench_http_get(const char *base_url, const char *path, double timeout_s, cha
     CURL *e = curl_easy_init();
     if (!e) return specd_err_set(err, "curl_easy_init failed");
     membuf b = {0};
+    struct curl_slist *hdr = NULL;
+    if (post_json) {
+        hdr = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdr);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, post_json);
+    }
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_get);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
@@ -449,10 +475,11 @@ int bench_http_get(const char *base_url, const char *path, double timeout_s, cha
     curl_easy_setopt(e, CURLOPT_NOPROXY, "localhost,127.0.0.1,::1");
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
     CURLcode rc = curl_easy_perform(e);
+    curl_slist_free_all(hdr);
     if (rc != CURLE_OK) {
         free(b.p);
         curl_easy_cleanup(e);
-        return specd_err_set(err, "GET %s: %s", url, cerr[0] ? cerr : curl_easy_strerror(rc));
+        return specd_err_set(err, "%s %s: %s", post_json ? "POST" : "GET", url, cerr[0] ? cerr : curl_easy_strerror(rc));
     }
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
     curl_easy_cleanup(e);
@@ -460,4 +487,37 @@ int bench_http_get(const char *base_url, const char *path, double timeout_s, cha
     *body = b.p;
     if (len) *len = b.n;
     return 0;
+}
+
+int bench_http_get(const char *base_url, const char *path, double timeout_s, char **body, size_t *len,
+                   long *status, specd_err *err) {
+    return bench_http_request(base_url, path, NULL, timeout_s, body, len, status, err);
+}
+
+/* ---- token counts for servers that stream no usage -------------------------------------- */
+
+long bench_tokenize_count(const char *base_url, const char *path, const char *model, const char *text,
+                          specd_err *err) {
+    json_t *o = json_object();
+    json_object_set_new(o, "model", json_string(model ? model : ""));
+    json_object_set_new(o, "input", json_string(text)); /* llama-cpp-python /extras/tokenize */
+    json_object_set_new(o, "prompt", json_string(text)); /* vLLM-style /tokenize */
+    json_object_set_new(o, "add_special_tokens", json_false());
+    char *reqbody = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!reqbody) return specd_err_set(err, "out of memory");
+    char *body = NULL;
+    long status;
+    int rc = bench_http_request(base_url, path, reqbody, 60, &body, NULL, &status, err);
+    free(reqbody);
+    if (rc) return -1;
+    long n = -1;
+    json_t *r = json_loads(body, 0, NULL);
+    json_t *tok = json_object_get(r, "tokens"), *cnt = json_object_get(r, "count");
+    if (status == 200 && json_is_array(tok)) n = (long)json_array_size(tok);
+    else if (status == 200 && json_is_integer(cnt)) n = (long)json_integer_value(cnt);
+    else specd_err_set(err, "POST %s: HTTP %ld, no tokens in %.120s", path, status, body);
+    json_decref(r);
+    free(body);
+    return n;
 }

@@ -16,7 +16,12 @@
  * end of the response. Token counts come only from the final `usage` object
  * (prompt_tokens, completion_tokens), never from counting chunks; a stream
  * without usage is a failed request with that reason, because its tokens
- * cannot be counted honestly. TPOT is derived later (report.c).
+ * cannot be counted honestly. TPOT is derived later (report.c). Only when the
+ * caller names a tokenize endpoint (for servers that never stream usage, such
+ * as llama-cpp-python's) are such streams counted, after the run, by asking
+ * the server to tokenize the generated text (and the raw prompt, without its
+ * chat template); those records are flagged `retokenized`, and the count is an
+ * approximation (re-tokenizing text can merge tokens differently).
  *
  * Threading: bench_client_run blocks its caller and uses no other thread.
  */
@@ -47,6 +52,8 @@ typedef struct bench_client_cfg {
     uint64_t seed;          /* arrival schedule seed */
     double timeout_s;       /* per-request limit, 0 = none */
     int keep_text;          /* keep generated text in the records */
+    const char *tokenize_path; /* NULL, or a tokenize endpoint (e.g. /extras/tokenize) used to count
+                                  the tokens of streams that carry no usage; see bench_tokenize_count */
     int quiet;              /* no progress line on stderr */
 } bench_client_cfg;
 
@@ -61,6 +68,8 @@ typedef struct bench_record {
     size_t n_itl, cap_itl;
     long prompt_tokens, output_tokens; /* from usage; -1 when absent */
     size_t n_chunks;   /* text-carrying chunks */
+    int retokenized;   /* the server sent no usage: counts come from re-tokenizing the texts
+                          (prompt without chat template, generated text), see tokenize_path */
     char *text;        /* owned generated text when keep_text, else NULL */
     size_t text_len, text_cap;
 } bench_record;
@@ -94,6 +103,17 @@ typedef struct bench_stream {
 /* Interprets one SSE event's data at monotonic time now (seconds).
  * Returns 0, or -1 when the data is not JSON (the record then fails). */
 int bench_stream_event(bench_stream *s, const char *data, size_t len, double now);
+
+/* Number of tokens the server's tokenize endpoint (base_url + path) gives for
+ * text: POSTs {"model", "input", "prompt", "add_special_tokens": false} (the
+ * field names of llama-cpp-python and vLLM) and reads "tokens" (array) or
+ * "count". Returns the count, or -1 with err set. */
+long bench_tokenize_count(const char *base_url, const char *path, const char *model, const char *text,
+                          specd_err *err);
+
+/* Blocking request: GET, or POST of a JSON body when post_json is not NULL. */
+int bench_http_request(const char *base_url, const char *path, const char *post_json, double timeout_s,
+                       char **body, size_t *len, long *status, specd_err *err);
 
 /* Monotonic clock in seconds. */
 double bench_now(void);

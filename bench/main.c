@@ -38,7 +38,7 @@ typedef struct cli {
     long seed;
     int ignore_eos, save_result, save_detailed, help;
     char *result_dir, *result_filename, *percentile_metrics, *metric_percentiles;
-    char *plot_dir, *server_cmd, *label, *extra_body, *metrics_path, *compare_format;
+    char *plot_dir, *server_cmd, *label, *extra_body, *metrics_path, *compare_format, *tokenize_path;
 } cli;
 
 typedef enum { T_STR, T_LONG, T_DBL, T_FLAG } opt_type;
@@ -75,6 +75,8 @@ static const opt OPTS[] = {
     {"--seed", T_LONG, O(seed), "0", "seed of the random workload and the arrival times"},
     {"--request-timeout", T_DBL, O(request_timeout), "3600", "per-request limit in seconds"},
     {"--extra-body", T_STR, O(extra_body), NULL, "JSON object merged into every request body"},
+    {"--tokenize-fallback", T_STR, O(tokenize_path), NULL,
+     "for servers that stream no usage: count tokens via this tokenize path (e.g. /extras/tokenize)"},
     {"--percentile-metrics", T_STR, O(percentile_metrics), "ttft,tpot,itl,e2el", "latency blocks printed"},
     {"--metric-percentiles", T_STR, O(metric_percentiles), "90,99", "percentiles reported, e.g. 25,50,99"},
     {"--metrics-path", T_STR, O(metrics_path), "/metrics", "Prometheus path for spec-decode counters; '' = off"},
@@ -310,7 +312,8 @@ static int run_bench(cli *c) {
         .base_url = url, .endpoint = c->endpoint, .model = model, .api_key = api_key,
         .extra_body = c->extra_body, .max_tokens = (int)c->max_tokens, .temperature = c->temperature,
         .ignore_eos = c->ignore_eos, .request_rate = c->request_rate, .burstiness = c->burstiness,
-        .seed = (uint64_t)c->seed, .timeout_s = c->request_timeout, .keep_text = c->save_detailed};
+        .seed = (uint64_t)c->seed, .timeout_s = c->request_timeout, .keep_text = c->save_detailed,
+        .tokenize_path = c->tokenize_path};
     int rc = 1;
     json_t *root = json_object(), *sweep_arr = json_array();
     size_t total_ok = 0;

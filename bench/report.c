@@ -56,6 +56,7 @@ int bench_metrics_compute(const bench_run *run, const bench_spec_counters *srv_d
             continue;
         }
         m->completed++;
+        m->retokenized += r->retokenized != 0;
         m->total_input += r->prompt_tokens > 0 ? r->prompt_tokens : 0;
         m->total_output += r->output_tokens > 0 ? r->output_tokens : 0;
         e2el[k_e2el++] = r->latency_s * 1e3;
@@ -165,6 +166,9 @@ void bench_metrics_print(FILE *f, const bench_metrics *m, const char *sel, size_
         row_i(f, "Server generation tokens (difference):", (long)m->srv.generation_tokens);
         row_i(f, "Server prompt tokens (difference):", (long)m->srv.prompt_tokens);
     }
+    if (m->retokenized)
+        fprintf(f, "Note: %zu requests streamed no usage; their tokens were counted by re-tokenizing\n"
+                   "      the texts through the server's tokenize endpoint (approximate).\n", m->retokenized);
     if (m->n_fail) {
         banner(f, "Failures", '-');
         for (size_t i = 0; i < m->n_fail; i++) fprintf(f, "%6zu x %s\n", m->fail[i].count, m->fail[i].reason);
@@ -201,6 +205,7 @@ int bench_metrics_to_json(const bench_metrics *m, const bench_run *run, json_t *
     json_object_set_new(o, "request_throughput", num(m->request_throughput));
     json_object_set_new(o, "output_throughput", num(m->output_throughput));
     json_object_set_new(o, "total_token_throughput", num(m->total_token_throughput));
+    json_object_set_new(o, "retokenized_requests", json_integer((json_int_t)m->retokenized));
     json_object_set_new(o, "max_concurrent_requests", json_integer((json_int_t)m->peak_concurrency));
     summary_json(o, "ttft", &m->ttft_ms);
     summary_json(o, "tpot", &m->tpot_ms);

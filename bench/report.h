@@ -38,6 +38,7 @@ typedef struct bench_metrics {
     long total_input, total_output;
     double request_throughput, output_throughput, total_token_throughput;
     size_t peak_concurrency;
+    size_t retokenized;      /* successful requests counted by re-tokenizing (no usage streamed) */
     bench_summary ttft_ms, tpot_ms, itl_ms, e2el_ms;
     bench_fail_reason *fail; /* owned, n_fail distinct reasons */
     size_t n_fail;

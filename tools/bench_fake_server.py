@@ -83,13 +83,16 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send_json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
             return
+        if self.path == "/extras/tokenize":  # llama-cpp-python's shape; one token per word here
+            self.send_json(200, {"tokens": list(range(len(req.get("input", "").split())))})
+            return
         chat = self.path.endswith("/chat/completions")
         fail = req.get("fake_fail")
         if fail in ("400", "500"):
             self.send_json(int(fail), {"error": {"message": "fake failure %s" % fail, "type": "fake"}})
             return
         text = req["messages"][-1]["content"] if chat else req["prompt"]
-        prompt_tokens = len(text.split()) + (5 if chat else 0)
+        prompt_tokens = len(text.split())
         max_tokens = int(req.get("max_tokens") or 16)
         seed = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
         rng = random.Random(seed)

@@ -89,6 +89,21 @@ def main():
         assert r["failed"] == 3 and r["completed"] == 0
         assert any("no usage" in k for k in r["failure_reasons"]), r["failure_reasons"]
 
+        # a server that streams no usage (llama-cpp-python) is counted through its tokenize
+        # endpoint only when asked; the fake tokenizes one token per word, so counts are exact
+        before = counters(base)
+        fb = os.path.join(tmp, "fallback.json")
+        p = bu.run_bench(["--base-url", base, "--num-prompts", "4", "--random-input-len", "9", "--max-tokens", "10",
+                          "--ignore-eos", "--extra-body", '{"fake_fail": "no_usage"}', "--tokenize-fallback",
+                          "/extras/tokenize", "--save-result", "--result-filename", fb])
+        assert p.returncode == 0, p.returncode
+        after = counters(base)
+        r = bu.load(fb)
+        assert r["completed"] == 4 and r["retokenized_requests"] == 4
+        assert r["total_output_tokens"] == after["generation_tokens_total"] - before["generation_tokens_total"] == 40
+        assert r["total_input_tokens"] == after["prompt_tokens_total"] - before["prompt_tokens_total"] == 36
+        assert "re-tokenizing" in p.stdout
+
         # sweep + compare (+ plots)
         sw = os.path.join(tmp, "sweep.json")
         plots = os.path.join(tmp, "plots")
