@@ -1,0 +1,67 @@
+/*
+ * engine_ex.h: the engine's two seams, so the scheduler can run against a
+ * fake model runner and a fake detokenizer in tests (tests/runtime) and
+ * against anything model-shaped later (a TP group, a CUDA runner).
+ *
+ * engine_create (engine.h) wires the real model (model_forward) and the real
+ * tokenizer (tok_stream) through these same seams; it lives in its own
+ * translation unit (engine_model.c) so a test that uses engine_create_ex does
+ * not link the model or the tokenizer.
+ *
+ * Threading: every callback is called from the engine thread only.
+ */
+#ifndef SPECD_RUNTIME_ENGINE_EX_H
+#define SPECD_RUNTIME_ENGINE_EX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model/model.h"
+#include "engine/runtime/engine.h"
+#include "engine/util/err.h"
+
+/* The model runner: one forward step over a batch (model.h semantics: KV of
+ * every batch token written at its block-table slot, logits for out_idx). */
+typedef struct engine_runner {
+    void *ctx;
+    int (*forward)(void *ctx, const model_batch *b, specd_err *err);
+    int32_t vocab;       /* logits row width */
+    int32_t hidden;      /* H: width of one aux layer's feature (EAGLE-3 capture) */
+    int32_t block_size;  /* KV tokens per block */
+    int32_t n_blocks;    /* KV blocks in the pool */
+} engine_runner;
+
+/* Incremental detokenizer (tok_stream semantics: only final UTF-8 bytes out). */
+typedef struct engine_detok {
+    void *ctx;
+    void *(*stream_create)(void *ctx, bool skip_special);
+    void (*stream_destroy)(void *stream);
+    /* Appends the bytes now final for ID to *out (realloc'd; *len, *cap updated). -1 on a bad id. */
+    int (*push)(void *stream, int32_t id, char **out, size_t *len, size_t *cap);
+    /* Appends held bytes at the end of generation. */
+    int (*flush)(void *stream, char **out, size_t *len, size_t *cap);
+    const int32_t *eos_ids;  /* ids that end generation unless ignore_eos (EOS, <|im_end|>, ...) */
+    size_t n_eos;
+} engine_detok;
+
+/* Like engine_create, with explicit seams (copied; their ctx must outlive the
+ * engine). tok may be NULL (engine_tokenizer then returns NULL); m may be NULL. */
+int engine_create_ex(const engine_config *cfg, const engine_runner *runner, const engine_detok *detok,
+                     model *m, const tokenizer *tok, engine **out, specd_err *err);
+
+/* Runs one scheduler step on the calling thread (only when engine_start was
+ * NOT called): moves submissions in, schedules, runs the runner, postprocesses.
+ * Returns the number of sequences that ran (0 = nothing to do), -1 on a runner
+ * error (the affected requests finish with FINISH_ERROR). For deterministic
+ * policy tests. */
+int engine_step(engine *e, specd_err *err);
+
+/* What the last engine_step scheduled (tests): per scheduled sequence, its
+ * engine sequence id and the number of tokens it contributed. Returns count. */
+size_t engine_last_schedule(const engine *e, const int64_t **seq_ids, const int32_t **n_tokens);
+
+/* Engine sequence id of a stream (stable; what the proposer sees). */
+int64_t engine_stream_seq_id(const engine_stream *s);
+
+#endif

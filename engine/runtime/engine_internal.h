@@ -1,0 +1,131 @@
+/*
+ * engine_internal.h: the engine's private structures, shared by engine.c
+ * (thread, streams, submit, stats) and scheduler.c (one step: schedule, run,
+ * postprocess). Not included outside engine/runtime/.
+ *
+ * Ownership and threading:
+ *  - engine.mu guards the inbox (submitted, not yet seen by the engine
+ *    thread), the flags (stop, draining, abort_all, wake) and the published
+ *    activity count; HTTP threads only ever touch those and their streams.
+ *  - Everything else in struct engine (waiting and running queues, the block
+ *    manager, the sampler scratch, batch buffers, sequences) belongs to the
+ *    engine thread (or to the thread calling engine_step when no thread runs).
+ *  - engine_stream.mu guards the stream's output queue, refcount and its
+ *    engine pointer. Lock order: stream.mu before engine.mu; the engine thread
+ *    never holds engine.mu while taking a stream's mu.
+ */
+#ifndef SPECD_RUNTIME_ENGINE_INTERNAL_H
+#define SPECD_RUNTIME_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/runtime/block_manager.h"
+#include "engine/runtime/engine.h"
+#include "engine/runtime/engine_ex.h"
+#include "engine/runtime/postprocess.h"
+#include "engine/runtime/proposer.h"
+#include "engine/runtime/sampler.h"
+
+struct engine_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    engine_output **q;            /* ring of pending outputs */
+    size_t q_head, q_len, q_cap;
+    int refs;                     /* caller + engine */
+    atomic_bool aborted;
+    bool final_pushed;
+    int notifying;                /* notify callbacks in flight (release waits for 0) */
+    void (*notify)(void *);
+    void *notify_arg;
+    struct engine *eng;           /* NULL once the engine is gone */
+    int64_t seq_id;
+};
+
+typedef struct sched_seq {
+    int64_t id;
+    engine_stream *stream;
+    char request_id[64];
+    sampling_params sp;           /* stop / stop_token_ids pointers cleared; copies live in pp */
+    post_params pp;
+    post_state post;
+    post_delta delta;             /* this step's output */
+    token_logprob *lp; size_t n_lp, cap_lp; /* this step's logprobs */
+
+    int32_t *tokens;              /* [n_tokens] prompt then outputs */
+    int32_t n_tokens, cap_tokens;
+    int32_t n_prompt;
+    int32_t n_computed;           /* leading tokens whose KV is in the cache */
+    int32_t n_cached_prompt;      /* prefix-cache hit tokens at first admission */
+    bool prompt_logprobs;         /* echo + logprobs: prefix-cache hits disabled */
+    int32_t *suppress; size_t n_suppress; /* EOS (unless ignore_eos) + stop ids, masked before min_tokens */
+    bool admitted_once;
+    kv_seq kv;
+    sampler_rng rng;
+
+    int32_t k;                    /* speculative tokens per step (0 = none) */
+    int32_t sched_new;            /* tokens in this step's batch */
+    int32_t sched_out;            /* index of its first logits row, -1 = none */
+
+    double t_submit;              /* monotonic seconds */
+    bool first_output_sent;
+    bool done;                    /* finished; removed at the end of the step */
+} sched_seq;
+
+struct engine {
+    engine_config cfg;
+    engine_runner runner;
+    engine_detok detok;
+    model *model;
+    const tokenizer *tok;
+    spec_proposer *proposer;
+
+    /* engine-thread state */
+    kv_block_manager *kv;
+    sampler_work *sw;
+    sched_seq **waiting; size_t n_waiting, cap_waiting;  /* FCFS; preempted go to the front */
+    sched_seq **running; size_t n_running, cap_running;  /* admission order (oldest first) */
+    sched_seq **sched;   size_t n_sched, cap_sched;      /* this step */
+    int64_t *last_ids; int32_t *last_n;                 /* engine_last_schedule */
+    /* batch buffers */
+    int32_t *b_tok, *b_pos, *b_seq_of, *b_out;
+    const int32_t **b_tables;
+    size_t cap_batch, cap_seqs;
+    float *logits; size_t cap_logits_rows;
+    float *prob;                                          /* [vocab] scratch */
+    uint64_t seed_state;
+
+    /* shared state (mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;            /* wakes the engine thread */
+    pthread_cond_t idle_cv;       /* signalled after steps that left nothing to do */
+    sched_seq **inbox; size_t n_inbox, cap_inbox;
+    int64_t n_active_pub;         /* waiting + running, published after each step */
+    int64_t n_waiting_pub;        /* waiting, published after each step (queue bound) */
+    int64_t next_seq_id;
+    bool stop, draining, abort_all, wake;
+    bool started;
+    pthread_t thread;
+    atomic_llong last_loop_ns;
+
+    /* stats (stats_mu) */
+    pthread_mutex_t stats_mu;
+    engine_stats stats;
+    int64_t preemptions, steps, prompt_tokens, gen_tokens, pc_queries, pc_hits;
+    int64_t finished[5];
+};
+
+double engine_now_s(void);
+
+/* scheduler.c */
+int sched_step(engine *e, specd_err *err);
+void sched_finish_seq(engine *e, sched_seq *s, finish_reason r, const char *error);
+void sched_seq_free(engine *e, sched_seq *s);
+
+/* engine.c: hands a step's delta of S to its stream (and notifies). */
+void engine_push_output(engine *e, sched_seq *s, const char *error);
+void engine_publish_stats(engine *e);
+
+#endif

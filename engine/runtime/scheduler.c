@@ -1,0 +1,327 @@
+/*
+ * scheduler.c: one engine step = schedule, run, postprocess (nano-vllm's
+ * three-line step), on the engine thread.
+ *
+ * Policy (vLLM v1 style, one batch per step):
+ *  - Running sequences first, oldest first: each gets the tokens it still
+ *    needs (1 for decode; the rest of its prompt for a sequence whose prefill
+ *    was chunked), capped by the step's token budget max_num_batched_tokens.
+ *    If the KV pool cannot cover them, the NEWEST running sequence is
+ *    preempted (blocks freed, recomputed later from its tokens, which include
+ *    its outputs so far; it goes back to the FRONT of the waiting queue), until
+ *    the allocation fits or the sequence preempted itself.
+ *  - Then, if nothing was preempted in this step, waiting sequences in FCFS
+ *    order while running < max_num_seqs, budget remains and the KV pool covers
+ *    the first chunk; prefix-cache hits are counted first (they need no
+ *    compute and no new blocks). The head of the queue blocks the rest (no
+ *    overtaking).
+ *  - Every scheduled token goes into ONE model_forward call (prefill chunks
+ *    and decode tokens mixed); logits only for each sequence's last token,
+ *    and only when that token is the last known one (a finished prefill or a
+ *    decode).
+ *  - Postprocess: KV commit (prefix-cache keys for full blocks), sampling with
+ *    the request's own RNG, postprocess.c stop handling, one output delta per
+ *    sequence per step; finished and aborted sequences free their blocks in
+ *    the same step.
+ *
+ * Speculative decoding (issue 4) slots in here: a decoding sequence with
+ * k > 0 asks the proposer for k tokens, is scheduled with 1 + k tokens (the
+ * last known token plus the drafts, appended provisionally), gets k + 1
+ * logits rows, and postprocess runs the acceptance rule (sampler_accept /
+ * greedy argmax) row by row, feeds accepted tokens to post_token one at a
+ * time, truncates the KV of rejected positions (kv_seq_truncate) and calls
+ * proposer->extend with the accepted tokens' aux features (model_batch.aux,
+ * captured only when a proposer is attached). See "speculative hook" below.
+ *
+ * Threading: engine thread only (or the engine_step caller).
+ */
+#include "engine/runtime/engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/util/log.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *np = realloc(*p, c * elem);
+    if (!np) return -1;
+    *p = np;
+    *cap = c;
+    return 0;
+}
+
+static int queue_insert(sched_seq ***q, size_t *n, size_t *cap, size_t at, sched_seq *s) {
+    if (grow((void **)q, cap, *n + 1, sizeof **q) != 0) return -1;
+    memmove(*q + at + 1, *q + at, (*n - at) * sizeof **q);
+    (*q)[at] = s;
+    (*n)++;
+    return 0;
+}
+
+static void queue_remove_at(sched_seq **q, size_t *n, size_t at) {
+    memmove(q + at, q + at + 1, (*n - at - 1) * sizeof *q);
+    (*n)--;
+}
+
+/* ---------------------------------------------------------------- finish */
+
+void sched_finish_seq(engine *e, sched_seq *s, finish_reason r, const char *error) {
+    if (s->done) return;
+    if (!s->post.finished) post_finish(&s->post, r, &s->delta);
+    s->delta.finish = r;
+    engine_push_output(e, s, error);
+    kv_seq_free(e->kv, &s->kv);
+    if (e->proposer && e->proposer->ops->free_seq) e->proposer->ops->free_seq(e->proposer->ctx, s->id);
+    s->done = true;
+    if (r >= 0 && r < 5) e->finished[r]++;
+}
+
+/* Drops done sequences from the waiting and running queues and frees them. */
+static void reap(engine *e) {
+    for (int pass = 0; pass < 2; pass++) {
+        sched_seq **q = pass ? e->running : e->waiting;
+        size_t *n = pass ? &e->n_running : &e->n_waiting;
+        size_t j = 0;
+        for (size_t i = 0; i < *n; i++) {
+            if (q[i]->done) sched_seq_free(e, q[i]);
+            else q[j++] = q[i];
+        }
+        *n = j;
+    }
+}
+
+/* Moves submissions in and applies aborts (client gone, wait_idle timeout). */
+static void intake_and_aborts(engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool abort_all = e->abort_all;
+    e->abort_all = false;
+    size_t n_in = e->n_inbox;
+    int rc = n_in ? grow((void **)&e->waiting, &e->cap_waiting, e->n_waiting + n_in, sizeof *e->waiting) : 0;
+    if (rc == 0) {
+        memcpy(e->waiting + e->n_waiting, e->inbox, n_in * sizeof *e->inbox);
+        e->n_waiting += n_in;
+        e->n_inbox = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (int pass = 0; pass < 2; pass++) {
+        sched_seq **q = pass ? e->running : e->waiting;
+        size_t n = pass ? e->n_running : e->n_waiting;
+        for (size_t i = 0; i < n; i++)
+            if (abort_all || atomic_load(&q[i]->stream->aborted)) sched_finish_seq(e, q[i], FINISH_ABORT, NULL);
+    }
+    reap(e);
+}
+
+/* ---------------------------------------------------------------- schedule */
+
+static void preempt(engine *e, sched_seq *s) {
+    kv_seq_free(e->kv, &s->kv);
+    s->n_computed = 0;
+    if (e->proposer && e->proposer->ops->free_seq) e->proposer->ops->free_seq(e->proposer->ctx, s->id);
+    e->preemptions++;
+    LOG_DEBUG("sched: preempted seq %lld (%d tokens) for recompute", (long long)s->id, s->n_tokens);
+}
+
+static int add_sched(engine *e, sched_seq *s, int32_t n_new) {
+    if (grow((void **)&e->sched, &e->cap_sched, e->n_sched + 1, sizeof *e->sched) != 0) return -1;
+    s->sched_new = n_new;
+    s->sched_out = -1;
+    e->sched[e->n_sched++] = s;
+    return 0;
+}
+
+static void schedule(engine *e) {
+    int32_t budget = e->cfg.max_num_batched_tokens;
+    bool preempted = false;
+    e->n_sched = 0;
+
+    /* running sequences, oldest first */
+    for (size_t i = 0; i < e->n_running && budget > 0;) {
+        sched_seq *s = e->running[i];
+        int32_t n_new = s->n_tokens - s->n_computed; /* speculative hook: + s->k drafts */
+        if (n_new > budget) n_new = budget;
+        bool self_preempted = false;
+        while (kv_seq_ensure(e->kv, &s->kv, s->n_computed + n_new, NULL) != 0) {
+            sched_seq *victim = e->running[e->n_running - 1];
+            e->n_running--;
+            preempt(e, victim);
+            queue_insert(&e->waiting, &e->n_waiting, &e->cap_waiting, 0, victim);
+            preempted = true;
+            if (victim == s) {
+                self_preempted = true;
+                break;
+            }
+        }
+        if (self_preempted) break;
+        if (add_sched(e, s, n_new) != 0) break;
+        budget -= n_new;
+        i++;
+    }
+
+    /* waiting sequences, FCFS */
+    while (!preempted && e->n_waiting > 0 && budget > 0 && e->n_running < (size_t)e->cfg.max_num_seqs) {
+        sched_seq *s = e->waiting[0];
+        int32_t hit = 0;
+        if (s->n_computed == 0 && !s->prompt_logprobs) /* no cached logits for prompt logprobs */
+            hit = kv_seq_match_prefix(e->kv, &s->kv, s->tokens, s->n_tokens, NULL, 0);
+        int32_t n_new = s->n_tokens - hit;
+        if (n_new > budget) n_new = budget;
+        if (kv_seq_ensure(e->kv, &s->kv, hit + n_new, NULL) != 0) {
+            kv_seq_free(e->kv, &s->kv); /* give the hit blocks back; retry next step */
+            break;
+        }
+        if (grow((void **)&e->running, &e->cap_running, e->n_running + 1, sizeof *e->running) != 0) break;
+        s->n_computed = hit;
+        if (!s->admitted_once) {
+            s->admitted_once = true;
+            s->n_cached_prompt = hit < s->n_prompt ? hit : s->n_prompt;
+            e->prompt_tokens += s->n_prompt;
+            e->pc_queries += kv_prefix_caching(e->kv) ? s->n_tokens : 0;
+            e->pc_hits += hit;
+        }
+        queue_remove_at(e->waiting, &e->n_waiting, 0);
+        e->running[e->n_running++] = s;
+        if (add_sched(e, s, n_new) != 0) break;
+        budget -= n_new;
+    }
+}
+
+/* ---------------------------------------------------------------- run */
+
+static int run_batch(engine *e, specd_err *err) {
+    size_t n_tok = 0, n_out = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        n_tok += (size_t)s->sched_new;
+        if (s->n_computed + s->sched_new == s->n_tokens) s->sched_out = (int32_t)n_out++;
+    }
+    if (grow((void **)&e->b_tok, &e->cap_batch, n_tok, sizeof *e->b_tok) != 0) goto oom;
+    size_t cap = e->cap_batch;
+    int32_t *np = realloc(e->b_pos, cap * sizeof *np);
+    if (!np) goto oom;
+    e->b_pos = np;
+    np = realloc(e->b_seq_of, cap * sizeof *np);
+    if (!np) goto oom;
+    e->b_seq_of = np;
+    np = realloc(e->b_out, cap * sizeof *np);
+    if (!np) goto oom;
+    e->b_out = np;
+    if (grow((void **)&e->b_tables, &e->cap_seqs, e->n_sched, sizeof *e->b_tables) != 0) goto oom;
+    if (n_out > e->cap_logits_rows) {
+        float *nl = realloc(e->logits, n_out * (size_t)e->runner.vocab * sizeof *nl);
+        if (!nl) goto oom;
+        e->logits = nl;
+        e->cap_logits_rows = n_out;
+    }
+
+    size_t t = 0, o = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        e->b_tables[i] = s->kv.blocks;
+        for (int32_t j = 0; j < s->sched_new; j++, t++) {
+            int32_t pos = s->n_computed + j;
+            e->b_tok[t] = s->tokens[pos];
+            e->b_pos[t] = pos;
+            e->b_seq_of[t] = (int32_t)i;
+        }
+        if (s->sched_out >= 0) e->b_out[o++] = (int32_t)t - 1;
+    }
+    model_batch b = {
+        .n_tokens = (int32_t)n_tok,
+        .tokens = e->b_tok,
+        .pos = e->b_pos,
+        .seq_of = e->b_seq_of,
+        .n_seqs = (int32_t)e->n_sched,
+        .block_tables = e->b_tables,
+        .tree_mask = NULL,
+        .n_out = (int32_t)n_out,
+        .out_idx = e->b_out,
+        .logits = e->logits,
+    };
+    return e->runner.forward(e->runner.ctx, &b, err);
+oom:
+    return specd_err_set(err, "engine: out of memory building a batch of %zu tokens", n_tok);
+}
+
+/* ---------------------------------------------------------------- postprocess */
+
+static int append_token(sched_seq *s, int32_t tok) {
+    if (s->n_tokens + 1 > s->cap_tokens) {
+        int32_t c = s->cap_tokens ? s->cap_tokens * 2 : 64;
+        int32_t *nt = realloc(s->tokens, (size_t)c * sizeof *nt);
+        if (!nt) return -1;
+        s->tokens = nt;
+        s->cap_tokens = c;
+    }
+    s->tokens[s->n_tokens++] = tok;
+    return 0;
+}
+
+static void postprocess(engine *e) {
+    const int32_t V = e->runner.vocab;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        s->n_computed += s->sched_new;
+        kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed, NULL, 0);
+        if (s->sched_out < 0) continue; /* mid-prefill chunk */
+        const float *row = e->logits + (size_t)s->sched_out * (size_t)V;
+        bool suppress = s->post.n_out < s->pp.min_tokens;
+        sampler_hist h = {
+            .prompt = s->tokens, .n_prompt = (size_t)s->n_prompt,
+            .output = s->tokens + s->n_prompt, .n_output = (size_t)(s->n_tokens - s->n_prompt),
+            .suppress = suppress ? s->suppress : NULL, .n_suppress = suppress ? s->n_suppress : 0,
+        };
+        int32_t tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
+        if (s->sp.logprobs >= 0) {
+            if (grow((void **)&s->lp, &s->cap_lp, s->n_lp + 1, sizeof *s->lp) == 0)
+                sampler_logprobs(row, V, tok, s->sp.logprobs, &s->lp[s->n_lp++]);
+        }
+        if (append_token(s, tok) != 0) {
+            sched_finish_seq(e, s, FINISH_ERROR, "out of memory");
+            continue;
+        }
+        e->gen_tokens++;
+        finish_reason r = post_token(&s->post, &s->pp, &e->detok, tok, s->n_tokens, &s->delta);
+        if (r != FINISH_NONE) sched_finish_seq(e, s, r, r == FINISH_ERROR ? "postprocess failed" : NULL);
+        else engine_push_output(e, s, NULL);
+    }
+}
+
+/* ---------------------------------------------------------------- step */
+
+int sched_step(engine *e, specd_err *err) {
+    intake_and_aborts(e);
+    schedule(e);
+    int n = (int)e->n_sched;
+    if (e->last_ids) {
+        free(e->last_ids);
+        free(e->last_n);
+    }
+    e->last_ids = n ? malloc((size_t)n * sizeof *e->last_ids) : NULL;
+    e->last_n = n ? malloc((size_t)n * sizeof *e->last_n) : NULL;
+    for (int i = 0; i < n && e->last_ids && e->last_n; i++) {
+        e->last_ids[i] = e->sched[i]->id;
+        e->last_n[i] = e->sched[i]->sched_new;
+    }
+    int rc = 0;
+    if (n > 0) {
+        specd_err local = {0};
+        if (run_batch(e, &local) != 0) {
+            LOG_ERROR("engine: step failed: %s", local.msg);
+            for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);
+            if (err) *err = local;
+            rc = -1;
+        } else {
+            postprocess(e);
+        }
+        e->steps++;
+    }
+    reap(e);
+    engine_publish_stats(e);
+    return rc < 0 ? rc : n;
+}
