@@ -1,0 +1,87 @@
+/*
+ * eagle3.h: the EAGLE-3 proposer (draft/ implements engine/runtime/proposer.h).
+ *
+ * server/main loads a head with eagle3_load() next to the target model and
+ * hands the spec_proposer to engine_set_proposer(). The target model must
+ * outlive the proposer (the head borrows its embedding, LM head and backend).
+ *
+ * CONTRACT WITH THE ENGINE (positions are absolute token positions of one
+ * sequence; x_t is the token at t, f_t the target's aux features captured
+ * while it processed x_t, i.e. the residual streams entering the layers
+ * aux_layers() returns, concatenated in that order):
+ *   - The draft pairs f_t with x_{t+1} (REFERENCE §2 "Alignment") and gives
+ *     the pair rotary/cache position t.
+ *   - extend(seq, tokens, n, pos0, aux): x_{pos0..pos0+n) are committed, and
+ *     when aux != NULL, f_{pos0..pos0+n) too (rows [n, n_aux*Ht] f32). aux may
+ *     be NULL to commit tokens whose features are not known yet: the token the
+ *     engine just sampled (after prefill, or the bonus / corrected token after
+ *     a verify) is passed this way, since the target has not processed it.
+ *     Positions may overlap what the draft already has (re-sent tokens must be
+ *     equal, else the draft rolls back to the first differing position);
+ *     neither tokens nor features may leave a gap.
+ *     Typical step:  prefill of P prompt tokens -> extend(prompt, 0, aux) then
+ *     extend(&sampled, 1, P, NULL);  verify of [x_m, d_1..d_k] with a drafts
+ *     accepted and bonus b -> extend([x_m, d_1..d_a], a+1, m, aux rows of those
+ *     a+1 positions) then extend(&b, 1, m+a+1, NULL).
+ *   - propose(seq_ids, k, ...): for a sequence that knows tokens [0, n_tok)
+ *     and features [0, n_tok - 1), drafts the tokens at positions n_tok,
+ *     n_tok+1, ..., n_tok+k-1: the last real pair (f_{n_tok-2}, x_{n_tok-1})
+ *     gives the first draft; each further draft feeds back the previous step's
+ *     pre-norm output with the previous draft token (mapped to its target id)
+ *     at the next position. Drafts are TARGET ids (draft id + d2t). A sequence
+ *     the draft cannot serve (fewer than 2 tokens, missing features, draft KV
+ *     pool exhausted) gets -1 in its token slots and zero q rows; the engine
+ *     verifies it with no drafts. Slots j >= k[i] are -1 / zero too.
+ *     out_q[i, j, :] is the distribution the draft token was drawn from, over
+ *     TARGET ids: temperature <= 0 (or opts.argmax_drafts): argmax and a
+ *     one-hot q; temperature > 0: the token is SAMPLED from
+ *     softmax(logits / temperature) and q is that distribution scattered to
+ *     target ids (0 outside the draft vocab), as the acceptance rule
+ *     min(1, p/q) requires (REFERENCE §3).
+ *   - The draft's KV holds "real" entries (built from target features) at
+ *     positions [0, n_tok - 1) and speculative entries (built from its own
+ *     outputs) after them. Speculative entries are never counted as committed:
+ *     the next propose/extend overwrites them with real pairs once verified
+ *     tokens and their features arrive, so no rollback call is needed after a
+ *     verify. truncate(seq, n) forgets tokens at positions >= n and features at
+ *     >= n. The draft keeps its last real pair recomputable, so a truncate
+ *     that reaches below it (n < last real pair + 2: preemption, rewrites)
+ *     drops the window: tokens from position n - 1 and features from n - 2 on
+ *     must then be re-sent with extend (re-sending from 0 is always fine:
+ *     positions the draft already holds are skipped).
+ * Threading: engine thread only.
+ */
+#ifndef SPECD_DRAFT_EAGLE3_H
+#define SPECD_DRAFT_EAGLE3_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "draft/eagle3_config.h"
+#include "engine/model/model.h"
+#include "engine/runtime/proposer.h"
+#include "engine/util/err.h"
+
+typedef struct eagle3_opts {
+    /* How explicit aux layer ids in the head's config are read (eagle3_config.h):
+     * AUTO (0, default) by where the key is, INPUT, or OUTPUT. */
+    eagle3_aux_convention aux_ids_convention;
+    int32_t n_blocks;      /* draft KV blocks (block size = the target's); <= 0: target's n_blocks + 256 */
+    int32_t max_rows;      /* rows per draft forward call (long prefills are chunked); <= 0: 512 */
+    bool argmax_drafts;    /* true: argmax drafts with one-hot q even at temperature > 0 */
+    uint64_t seed;         /* draft sampling RNG seed */
+} eagle3_opts;
+
+/* Loads the head in DIR for TARGET (shapes checked against it, d2t/t2d
+ * validated, aux layers resolved) and returns a proposer. o may be NULL
+ * (defaults). Returns 0, or -1 with err. */
+int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err);
+void eagle3_destroy(spec_proposer *p); /* NULL ok */
+
+/* "auto" | "input" | "output" -> convention; -1 with err otherwise. */
+int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err);
+
+/* The head behind a proposer made by eagle3_load (introspection, tests). */
+struct eagle3_head *eagle3_proposer_head(spec_proposer *p);
+
+#endif

@@ -1,0 +1,93 @@
+/*
+ * eagle3_head.h: the EAGLE-3 draft head below the proposer: its weights, its
+ * paged KV pool and the three pieces of its forward (REFERENCE.md §2), for
+ * draft/eagle3_proposer.c and for tests that compare the forward with the
+ * PyTorch reference (tools/eagle3/reference.py). The engine never sees this
+ * header; it sees spec_proposer (engine/runtime/proposer.h) via draft/eagle3.h.
+ *
+ * Owns: converted weight copies (f32 norms, biases, an lm_head gathered from
+ * the target's rows), the safetensors mapping the bf16/f16/f32 matrices are
+ * used from in place, the vocabulary map, the draft KV storage, a grow-only
+ * workspace. Borrows: the target's embedding / LM head weights and backend
+ * (the target model must outlive the head).
+ * Shapes: H = draft hidden, Ht = target hidden, A = n_aux (3), nh/nkv heads
+ * of head_dim hd, I = ffn, Vd = draft vocab, Vt = target vocab.
+ * Threading: engine thread only.
+ */
+#ifndef SPECD_DRAFT_EAGLE3_HEAD_H
+#define SPECD_DRAFT_EAGLE3_HEAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "draft/eagle3_config.h"
+#include "draft/eagle3_vocab.h"
+#include "engine/backend/backend.h"
+#include "engine/util/err.h"
+
+/* What the head borrows from its target. */
+typedef struct eagle3_target {
+    backend *be;
+    const bk_weight *embed;    /* [Vt, Ht] */
+    const bk_weight *lm_head;  /* [Vt, Ht] (tied: == embed) */
+    int32_t hidden;            /* Ht */
+    int32_t vocab;             /* Vt */
+    int32_t n_layers;
+} eagle3_target;
+
+typedef struct eagle3_head_opts {
+    eagle3_aux_convention aux_ids_convention;
+    int32_t block_size;        /* draft KV block size (the engine's) */
+    int32_t n_blocks;          /* draft KV blocks */
+} eagle3_head_opts;
+
+typedef struct eagle3_head eagle3_head;
+
+/* Loads DIR (config.json + *.safetensors), checks every tensor's shape against
+ * the config and the target, validates d2t / t2d (eagle3_vocab.h), resolves the
+ * aux layers, allocates the KV pool. Returns 0 or -1 with err. */
+int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_opts *o, eagle3_head **out,
+                     specd_err *err);
+void eagle3_head_destroy(eagle3_head *h); /* NULL ok */
+
+const eagle3_config *eagle3_head_config(const eagle3_head *h);
+const eagle3_vocab_info *eagle3_head_vocab(const eagle3_head *h);
+/* used[Vd]: draft id -> target id (i + d2t[i]). */
+const int64_t *eagle3_head_used(const eagle3_head *h);
+/* Target layers (input convention) the head needs, written to out (<= 8). */
+int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out);
+int32_t eagle3_head_n_aux(const eagle3_head *h);
+
+/* ---- draft KV pool: f32 [n_blocks, block_size, nkv, hd] for K and V, a free
+ * list of block ids. Block tables are the caller's (the proposer's). */
+bk_kv_layer eagle3_head_kv(eagle3_head *h);
+/* Pops a free block id, or -1 when the pool is exhausted. */
+int32_t eagle3_kv_alloc(eagle3_head *h);
+void eagle3_kv_free(eagle3_head *h, int32_t block);
+int32_t eagle3_kv_n_free(const eagle3_head *h);
+
+/* ---- forward pieces (each row independent; the ops are batch-invariant) */
+
+/* Step 1: g[n, H] = fc(aux[n, A*Ht]) (no bias). Target features only. */
+int eagle3_fc(eagle3_head *h, const float *aux, int32_t n, float *g, specd_err *err);
+
+/* Steps 2-5 for n rows: row i is token tokens[i] (TARGET id, embedded with the
+ * target's table) at rotary/cache position pos[i] of sequence seq_of[i]
+ * (index into block_tables, which must cover pos[i]); g[i] is either fc's
+ * output or a fed-back pre-norm draft output. Writes the rows' K/V into the
+ * draft cache, attends causally to positions [0, pos[i]] of the sequence,
+ * and writes the pre-norm output h_out[n, H]. */
+typedef struct eagle3_rows {
+    int32_t n;
+    const int32_t *tokens;              /* [n] target ids */
+    const int32_t *pos;                 /* [n] */
+    const int32_t *seq_of;              /* [n] */
+    int32_t n_seqs;
+    const int32_t *const *block_tables; /* [n_seqs] */
+} eagle3_rows;
+int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *h_out, specd_err *err);
+
+/* Step 7: logits[n, Vd] = lm_head(norm(hid[n, H])). */
+int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, specd_err *err);
+
+#endif

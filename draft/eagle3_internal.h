@@ -1,0 +1,43 @@
+/* eagle3_internal.h: the eagle3_head struct shared by eagle3_weights.c
+ * (loading, KV pool) and eagle3_forward.c. Not a public header. */
+#ifndef SPECD_DRAFT_EAGLE3_INTERNAL_H
+#define SPECD_DRAFT_EAGLE3_INTERNAL_H
+
+#include <stddef.h>
+
+#include "draft/eagle3_head.h"
+#include "engine/loader/safetensors.h"
+
+struct eagle3_head {
+    eagle3_config cfg;
+    eagle3_target tgt;
+    st_model *st;                     /* mapping the in-place matrices point into */
+    bk_weight fc;                     /* [H, A*Ht] */
+    bk_weight wq, wk, wv;             /* [nh*hd, 2H], [nkv*hd, 2H] x2 */
+    bk_weight wo;                     /* [H, nh*hd] */
+    bk_weight wgate, wup, wdown;      /* [I, H] x2, [H, I] */
+    bk_weight lm_head;                /* [Vd, H]: the head's, or the target's rows used[] */
+    bk_weight own_embed;              /* [Vt, H] when the head ships embed_tokens */
+    const bk_weight *embed;           /* &own_embed or the target's [Vt, Ht] */
+    float *bq, *bk, *bv, *bo;         /* f32 biases [nh*hd], [nkv*hd] x2, [H] (HF attention_bias), or NULL */
+    float *n_input, *n_hidden, *n_post, *n_final; /* f32 [H]: input_layernorm, hidden_norm, post_attention_layernorm, norm */
+    float *inv_freq;                  /* f32 [hd/2] */
+    int64_t *used;                    /* [Vd] draft id -> target id */
+    eagle3_vocab_info vocab;
+    int32_t n_aux;
+    int32_t aux_layers[EAGLE3_MAX_AUX];
+    /* draft KV pool: K and V each f32 [n_blocks, block_size, nkv, hd] */
+    float *kv_k, *kv_v;
+    int32_t block_size, n_blocks;
+    int32_t *free_ids;                /* stack of free block ids */
+    int32_t n_free;
+    /* grow-only workspace */
+    float *ws;
+    size_t ws_cap;
+    void **owned;                     /* converted copies, freed at destroy */
+    int n_owned;
+};
+
+float *eagle3_workspace(eagle3_head *h, size_t n_floats);
+
+#endif

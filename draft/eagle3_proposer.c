@@ -1,0 +1,444 @@
+/*
+ * eagle3_proposer.c: the spec_proposer ops for EAGLE-3 (engine/runtime/
+ * proposer.h): per-sequence draft state, the token/feature shift, chained
+ * proposal, the draft KV block tables. The contract with the engine is
+ * written out in draft/eagle3.h.
+ *
+ * Per-sequence state (positions absolute):
+ *   n_tok   committed tokens known: x_0 .. x_{n_tok-1}
+ *   n_feat  target features known:  f_0 .. f_{n_feat-1}   (n_feat <= n_tok)
+ *   n_kv    SETTLED draft KV entries: real pairs (f_t, x_{t+1}) at t < n_kv,
+ *           never recomputed. The pairs from n_kv up to the last complete one
+ *           are pending; the last real pair is always recomputed at the next
+ *           propose (it is the row whose output starts the chain), so
+ *           n_kv = last real pair after a run.
+ *   window  wtok: x at positions [n_kv+1, n_tok); wfeat: f at [n_kv, n_feat)
+ *           (raw aux rows [n_aux*Ht]; fc is applied when the pairs are run,
+ *           batched over sequences).
+ * Draft KV positions >= the last real pair + 1 hold speculative entries of
+ * the last chain; they are overwritten by real pairs as they arrive.
+ * Invariants: n_kv <= max(n_tok - 2, 0) after every call; n_kv <= n_feat <= n_tok; the block
+ * table covers every position written.
+ * Threading: engine thread only.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "draft/eagle3.h"
+#include "draft/eagle3_head.h"
+#include "engine/util/log.h"
+
+typedef struct e3_seq {
+    int64_t id;
+    int32_t n_tok, n_feat, n_kv;
+    int32_t *wtok;             /* [n_tok - n_kv - 1] */
+    int32_t wtok_cap;
+    float *wfeat;              /* [n_feat - n_kv, featw] */
+    int32_t wfeat_cap;         /* rows */
+    int32_t *blocks;           /* block table */
+    int32_t n_blocks, blocks_cap;
+} e3_seq;
+
+typedef struct e3_proposer {
+    spec_proposer pub;
+    eagle3_head *head;
+    eagle3_opts opts;
+    int32_t featw;             /* n_aux * Ht */
+    int32_t H, Vd, Vt;
+    e3_seq **seqs;
+    int32_t n_seqs, cap_seqs;
+    uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018) */
+} e3_proposer;
+
+/* ------------------------------------------------------------ small helpers */
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return r;
+}
+static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    int32_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *n = realloc(*p, (size_t)c * elem);
+    if (!n) return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+static e3_seq *seq_find(e3_proposer *P, int64_t id, int32_t *idx) {
+    for (int32_t i = 0; i < P->n_seqs; i++)
+        if (P->seqs[i]->id == id) {
+            if (idx) *idx = i;
+            return P->seqs[i];
+        }
+    return NULL;
+}
+
+static e3_seq *seq_get(e3_proposer *P, int64_t id) {
+    e3_seq *s = seq_find(P, id, NULL);
+    if (s) return s;
+    if (grow((void **)&P->seqs, &P->cap_seqs, P->n_seqs + 1, sizeof *P->seqs) < 0) return NULL;
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->id = id;
+    P->seqs[P->n_seqs++] = s;
+    return s;
+}
+
+/* Block table covers position pos (allocating); -1 when the pool is empty. */
+static int seq_cover(e3_proposer *P, e3_seq *s, int32_t pos) {
+    const int32_t bs = eagle3_head_kv(P->head).block_size, need = pos / bs + 1;
+    if (grow((void **)&s->blocks, &s->blocks_cap, need, sizeof *s->blocks) < 0) return -1;
+    while (s->n_blocks < need) {
+        int32_t b = eagle3_kv_alloc(P->head);
+        if (b < 0) return -1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return 0;
+}
+
+/* Frees blocks beyond what positions [0, n_pos) need. */
+static void seq_release_blocks(e3_proposer *P, e3_seq *s, int32_t n_pos) {
+    const int32_t bs = eagle3_head_kv(P->head).block_size, keep = (n_pos + bs - 1) / bs;
+    while (s->n_blocks > keep) eagle3_kv_free(P->head, s->blocks[--s->n_blocks]);
+}
+
+/* Last complete real pair position (f_t and x_{t+1} both known), or -1. */
+static int32_t seq_last_pair(const e3_seq *s) {
+    int32_t L = s->n_tok - 2 < s->n_feat - 1 ? s->n_tok - 2 : s->n_feat - 1;
+    return L;
+}
+
+/* Moves the window start to new_kv (>= n_kv), dropping what it no longer needs. */
+static void seq_settle(e3_proposer *P, e3_seq *s, int32_t new_kv) {
+    int32_t d = new_kv - s->n_kv;
+    if (d <= 0) return;
+    int32_t nt = s->n_tok - s->n_kv - 1, nf = s->n_feat - s->n_kv;
+    if (nt > d) memmove(s->wtok, s->wtok + d, sizeof(int32_t) * (size_t)(nt - d));
+    if (nf > d) memmove(s->wfeat, s->wfeat + (size_t)d * P->featw, sizeof(float) * (size_t)(nf - d) * P->featw);
+    s->n_kv = new_kv;
+}
+
+static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
+    if (n < 0) n = 0;
+    if (s->n_tok > n) s->n_tok = n;
+    if (s->n_feat > n) s->n_feat = n;
+    /* the last real pair (n_tok - 2) must stay recomputable: n_kv <= n_tok - 2 */
+    int32_t max_kv = s->n_tok > 2 ? s->n_tok - 2 : 0;
+    if (s->n_kv > max_kv) { /* cut into settled entries: the window is gone */
+        s->n_kv = max_kv;
+        s->n_feat = max_kv;
+        if (s->n_tok > max_kv + 1) s->n_tok = max_kv + 1;
+    }
+    seq_release_blocks(P, s, s->n_tok);
+}
+
+/* ------------------------------------------------------------ running real pairs */
+
+/* Runs the pending real pairs of S[0..m) (from n_kv through the last complete
+ * pair), batched over sequences in chunks of max_rows. last_h (optional)
+ * [m, H] gets each sequence's last-pair output; ok[i] (optional) is set to 1
+ * for sequences that produced one. Sequences whose blocks cannot be covered
+ * are skipped (ok 0). Afterwards n_kv = last pair (kept for recomputation). */
+static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8_t *ok, specd_err *err) {
+    const int32_t H = P->H, fw = P->featw, maxr = P->opts.max_rows;
+    const size_t mm = (size_t)(m > 0 ? m : 1);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)maxr * 3), *bt_seq = malloc(sizeof(int32_t) * mm);
+    const int32_t **bt = malloc(sizeof(int32_t *) * mm);
+    uint8_t *ran = calloc(mm, 1);
+    float *aux = malloc(sizeof(float) * (size_t)maxr * fw), *g = malloc(sizeof(float) * (size_t)maxr * H * 2);
+    int rc = 0;
+    if (!tok || !bt || !bt_seq || !ran || !aux || !g) { rc = specd_err_set(err, "out of memory"); goto done; }
+    int32_t *pos = tok + maxr, *seq_of = pos + maxr;
+    float *hout = g + (size_t)maxr * H;
+    if (ok) memset(ok, 0, (size_t)m);
+    int32_t si = 0, t = 0, L = -1;
+    bool active = false;
+    while (si < m) {
+        /* fill one chunk of <= max_rows rows, sequences in order, positions ascending */
+        int32_t n = 0, nseq = 0;
+        while (si < m && n < maxr) {
+            e3_seq *s = S[si];
+            if (!active) {
+                L = seq_last_pair(s);
+                t = s->n_kv;
+                if (L < s->n_kv || seq_cover(P, s, L) < 0) { si++; continue; }
+                active = true;
+                ran[si] = 1;
+            }
+            if (nseq == 0 || bt_seq[nseq - 1] != si) { bt[nseq] = s->blocks; bt_seq[nseq++] = si; }
+            for (; t <= L && n < maxr; n++, t++) {
+                memcpy(aux + (size_t)n * fw, s->wfeat + (size_t)(t - s->n_kv) * fw, sizeof(float) * (size_t)fw);
+                tok[n] = s->wtok[t - s->n_kv]; /* x_{t+1} */
+                pos[n] = t;
+                seq_of[n] = nseq - 1;
+            }
+            if (t > L) { si++; active = false; }
+        }
+        if (n == 0) continue;
+        eagle3_rows r = {n, tok, pos, seq_of, nseq, bt};
+        if (eagle3_fc(P->head, aux, n, g, err) < 0 || eagle3_layer(P->head, &r, g, hout, err) < 0) { rc = -1; goto done; }
+        /* a sequence's last-pair row starts its chain */
+        for (int32_t i = 0; i < n; i++) {
+            int32_t k = bt_seq[seq_of[i]];
+            if (pos[i] != seq_last_pair(S[k])) continue;
+            if (last_h) memcpy(last_h + (size_t)k * H, hout + (size_t)i * H, sizeof(float) * (size_t)H);
+            if (ok) ok[k] = 1;
+        }
+    }
+    for (int32_t k = 0; k < m; k++)
+        if (ran[k]) seq_settle(P, S[k], seq_last_pair(S[k]));
+done:
+    free(tok);
+    free(bt);
+    free(bt_seq);
+    free(ran);
+    free(aux);
+    free(g);
+    return rc;
+}
+
+/* ------------------------------------------------------------ ops */
+
+static int op_aux_layers(void *ctx, int32_t *layers) {
+    e3_proposer *P = ctx;
+    return eagle3_head_aux_layers(P->head, layers);
+}
+
+static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, const float *aux,
+                     specd_err *err) {
+    e3_proposer *P = ctx;
+    if (n <= 0) return 0;
+    if (pos0 < 0 || !tokens) return specd_err_set(err, "eagle3 extend: bad arguments");
+    e3_seq *s = seq_get(P, id);
+    if (!s) return specd_err_set(err, "out of memory");
+    if (pos0 > s->n_tok)
+        return specd_err_set(err, "eagle3 extend: sequence %lld knows %d tokens, extend starts at %d (gap)", (long long)id,
+                             s->n_tok, pos0);
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= P->Vt) return specd_err_set(err, "eagle3 extend: token id %d out of range", tokens[i]);
+        int32_t p = pos0 + i;
+        if (p < s->n_tok) {
+            if (p <= s->n_kv || s->wtok[p - s->n_kv - 1] == tokens[i]) continue; /* settled or equal */
+            seq_truncate(P, s, p); /* the engine rewrote history from p */
+            if (p > s->n_tok)
+                return specd_err_set(err, "eagle3 extend: sequence %lld: rewriting position %d cut into the draft's "
+                                          "built entries; re-send from position %d", (long long)id, p, s->n_tok);
+        }
+        if (p > s->n_kv) {
+            if (grow((void **)&s->wtok, &s->wtok_cap, p - s->n_kv, sizeof(int32_t)) < 0) return specd_err_set(err, "out of memory");
+            s->wtok[p - s->n_kv - 1] = tokens[i];
+        }
+        s->n_tok = p + 1;
+    }
+    if (aux) {
+        if (pos0 > s->n_feat)
+            return specd_err_set(err, "eagle3 extend: sequence %lld has features up to %d, extend gives %d.. (gap)",
+                                 (long long)id, s->n_feat, pos0);
+        for (int32_t i = 0; i < n; i++) {
+            int32_t p = pos0 + i;
+            if (p < s->n_feat) continue;
+            if (grow((void **)&s->wfeat, &s->wfeat_cap, p - s->n_kv + 1, sizeof(float) * (size_t)P->featw) < 0)
+                return specd_err_set(err, "out of memory");
+            memcpy(s->wfeat + (size_t)(p - s->n_kv) * P->featw, aux + (size_t)i * P->featw, sizeof(float) * (size_t)P->featw);
+            s->n_feat = p + 1;
+        }
+    }
+    /* bound the window: run long prefills now, in chunks */
+    if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, err);
+    return 0;
+}
+
+/* Picks draft token from logits row [Vd] at temperature temp; writes q over
+ * target ids (if q). Returns the draft id. */
+static int32_t pick(e3_proposer *P, const float *lg, float temp, float *q) {
+    const int64_t *used = eagle3_head_used(P->head);
+    int32_t best = 0;
+    for (int32_t i = 1; i < P->Vd; i++)
+        if (lg[i] > lg[best]) best = i;
+    if (temp <= 0.0f || P->opts.argmax_drafts) {
+        if (q) q[used[best]] = 1.0f;
+        return best;
+    }
+    /* softmax(lg / temp) in double, sampled by inverse CDF in index order */
+    double sum = 0;
+    for (int32_t i = 0; i < P->Vd; i++) sum += exp(((double)lg[i] - lg[best]) / temp);
+    double u = rng_uniform(P->rng) * sum, acc = 0;
+    int32_t pickd = -1;
+    for (int32_t i = 0; i < P->Vd; i++) {
+        double e = exp(((double)lg[i] - lg[best]) / temp);
+        acc += e;
+        if (pickd < 0 && u < acc) pickd = i;
+        if (q) q[used[i]] = (float)(e / sum);
+    }
+    return pickd < 0 ? best : pickd;
+}
+
+static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                      int32_t *out_tokens, float *out_q, specd_err *err) {
+    e3_proposer *P = ctx;
+    const int32_t H = P->H, Vd = P->Vd;
+    const int64_t *used = eagle3_head_used(P->head);
+    for (int64_t i = 0; i < (int64_t)n * k_max; i++) out_tokens[i] = -1;
+    if (out_q) memset(out_q, 0, sizeof(float) * (size_t)n * k_max * P->Vt);
+    if (n <= 0 || k_max <= 0) return 0;
+    e3_seq **S = calloc((size_t)n, sizeof *S);
+    int32_t *map = calloc((size_t)n, sizeof *map); /* S index -> caller index */
+    uint8_t *ok = calloc((size_t)n, 1);
+    float *hA = malloc(sizeof(float) * (size_t)n * H * 2), *lg = malloc(sizeof(float) * (size_t)n * Vd);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n * 4);
+    const int32_t **bt = malloc(sizeof(int32_t *) * (size_t)n);
+    int rc = 0, m = 0;
+    if (!S || !map || !ok || !hA || !lg || !tok || !bt) { rc = specd_err_set(err, "out of memory"); goto done; }
+    float *hB = hA + (size_t)n * H;
+    for (int32_t i = 0; i < n; i++) {
+        if (k[i] <= 0) continue;
+        if (k[i] > k_max) { rc = specd_err_set(err, "eagle3 propose: k[%d] = %d exceeds k_max %d", i, k[i], k_max); goto done; }
+        e3_seq *s = seq_find(P, ids[i], NULL);
+        if (!s || s->n_tok < 2 || s->n_feat < s->n_tok - 1) {
+            LOG_DEBUG("eagle3: sequence %lld has no draftable state (tokens %d, features %d)", (long long)ids[i],
+                      s ? s->n_tok : 0, s ? s->n_feat : 0);
+            continue;
+        }
+        S[m] = s;
+        map[m++] = i;
+    }
+    /* first draft of every sequence: its pending real pairs, last row -> logits */
+    if (m == 0 || run_pairs(P, S, m, hA, ok, err) < 0) { rc = m ? -1 : 0; goto done; }
+    int32_t *pos = tok + n, *seq_of = pos + n, *rows = seq_of + n;
+    int32_t nr = 0;
+    for (int32_t j = 0; j < m; j++)
+        if (ok[j]) rows[nr++] = j;
+    for (int32_t r = 0; r < nr; r++) memmove(hA + (size_t)r * H, hA + (size_t)rows[r] * H, sizeof(float) * (size_t)H);
+    /* chain: step j consumes (h of step j-1, draft j-1) at position L + j - 1 */
+    for (int32_t j = 0; nr > 0; j++) {
+        if (eagle3_logits(P->head, hA, nr, lg, err) < 0) { rc = -1; goto done; }
+        int32_t nn = 0;
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t si = rows[r], ci = map[si];
+            const float temp = temps ? temps[ci] : 0.0f;
+            float *q = out_q ? out_q + ((size_t)ci * k_max + j) * P->Vt : NULL;
+            int32_t d = pick(P, lg + (size_t)r * Vd, temp, q);
+            out_tokens[(size_t)ci * k_max + j] = (int32_t)used[d];
+            if (j + 1 >= k[ci]) continue;
+            e3_seq *s = S[si];
+            const int32_t p = seq_last_pair(s) + j + 1;
+            if (seq_cover(P, s, p) < 0) continue; /* pool exhausted: this sequence stops here */
+            memcpy(hB + (size_t)nn * H, hA + (size_t)r * H, sizeof(float) * (size_t)H);
+            tok[nn] = (int32_t)used[d];
+            pos[nn] = p;
+            seq_of[nn] = nn;
+            bt[nn] = s->blocks;
+            rows[nn++] = si;
+        }
+        nr = nn;
+        if (nr == 0) break;
+        eagle3_rows er = {nr, tok, pos, seq_of, nr, bt};
+        if (eagle3_layer(P->head, &er, hB, hA, err) < 0) { rc = -1; goto done; }
+    }
+done:
+    free(S);
+    free(map);
+    free(ok);
+    free(hA);
+    free(lg);
+    free(tok);
+    free(bt);
+    return rc;
+}
+
+static void op_truncate(void *ctx, int64_t id, int32_t n_ctx) {
+    e3_proposer *P = ctx;
+    e3_seq *s = seq_find(P, id, NULL);
+    if (s) seq_truncate(P, s, n_ctx);
+}
+
+static void op_free_seq(void *ctx, int64_t id) {
+    e3_proposer *P = ctx;
+    int32_t i;
+    e3_seq *s = seq_find(P, id, &i);
+    if (!s) return;
+    seq_release_blocks(P, s, 0);
+    free(s->wtok);
+    free(s->wfeat);
+    free(s->blocks);
+    free(s);
+    P->seqs[i] = P->seqs[--P->n_seqs];
+}
+
+static void op_kv_usage(void *ctx, int64_t *total, int64_t *free_blocks) {
+    e3_proposer *P = ctx;
+    *total = eagle3_head_kv(P->head).n_blocks;
+    *free_blocks = eagle3_kv_n_free(P->head);
+}
+
+static const spec_proposer_ops EAGLE3_OPS = {
+    .aux_layers = op_aux_layers,
+    .extend = op_extend,
+    .propose = op_propose,
+    .truncate = op_truncate,
+    .free_seq = op_free_seq,
+    .kv_usage = op_kv_usage,
+};
+
+/* ------------------------------------------------------------ construction */
+
+int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err) {
+    if (!s || !strcmp(s, "auto")) *out = EAGLE3_AUX_AUTO;
+    else if (!strcmp(s, "input")) *out = EAGLE3_AUX_INPUT;
+    else if (!strcmp(s, "output")) *out = EAGLE3_AUX_OUTPUT;
+    else return specd_err_set(err, "aux_ids_convention '%s': expected auto, input or output", s);
+    return 0;
+}
+
+int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err) {
+    *out = NULL;
+    e3_proposer *P = calloc(1, sizeof *P);
+    if (!P) return specd_err_set(err, "out of memory");
+    if (o) P->opts = *o;
+    if (P->opts.max_rows <= 0) P->opts.max_rows = 512;
+    const model_config *mc = model_get_config(target);
+    eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
+                       mc->vocab, mc->n_layers};
+    eagle3_head_opts ho = {P->opts.aux_ids_convention, model_kv_block_size(target),
+                           P->opts.n_blocks > 0 ? P->opts.n_blocks : model_kv_n_blocks(target) + 256};
+    if (eagle3_head_load(dir, &t, &ho, &P->head, err) < 0) {
+        free(P);
+        return -1;
+    }
+    P->featw = eagle3_head_n_aux(P->head) * mc->hidden;
+    P->H = eagle3_head_config(P->head)->hidden;
+    P->Vd = eagle3_head_config(P->head)->draft_vocab;
+    P->Vt = mc->vocab;
+    uint64_t x = P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL;
+    for (int i = 0; i < 4; i++) { /* splitmix64 seeding */
+        x += 0x9e3779b97f4a7c15ULL;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        P->rng[i] = z ^ (z >> 31);
+    }
+    P->pub.ops = &EAGLE3_OPS;
+    P->pub.ctx = P;
+    *out = &P->pub;
+    return 0;
+}
+
+void eagle3_destroy(spec_proposer *p) {
+    if (!p) return;
+    e3_proposer *P = p->ctx;
+    while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
+    free(P->seqs);
+    eagle3_head_destroy(P->head);
+    free(P);
+}
+
+struct eagle3_head *eagle3_proposer_head(spec_proposer *p) { return p ? ((e3_proposer *)p->ctx)->head : NULL; }

@@ -1,0 +1,338 @@
+/*
+ * eagle3_weights.c: loading an EAGLE-3 head directory into eagle3_head
+ * (REFERENCE.md §2 "Checkpoint formats to load"), and the draft KV pool.
+ *
+ * Tensors (layer prefix `midlayer.` for EAGLE/SpecForge, `layers.0.` for
+ * speculators; the other prefix is accepted too, with a note in the log):
+ *   fc.weight [H, A*Ht]; <p>self_attn.{q,k,v}_proj.weight [nh*hd | nkv*hd, 2H]
+ *   (+ .bias when attention_bias); <p>self_attn.o_proj.weight [H, nh*hd]
+ *   (+ .bias [H] when attention_bias and present: HF Llama semantics);
+ *   <p>mlp.{gate,up}_proj.weight [I, H], <p>mlp.down_proj.weight [H, I];
+ *   <p>{input_layernorm,hidden_norm,post_attention_layernorm}.weight [H];
+ *   norm.weight [H]; lm_head.weight [Vd, H] (optional); embed_tokens.weight
+ *   [Vt, H] (optional); d2t int64 [Vd] (optional); t2d bool [Vt] (optional).
+ * Matrices in bf16 / f16 / f32 are used IN PLACE from the mapping (copied
+ * only when misaligned); norms and biases are converted to f32 copies.
+ * Absent embed_tokens: the target's table is shared (needs H == Ht). Absent
+ * lm_head: the target's LM-head rows used[0..Vd) are gathered into a copy in
+ * the target's own storage format.
+ * Invariants after load: every shape matches the config and the target; the
+ * vocab map passed eagle3_vocab_validate; aux layers lie inside the target.
+ * Threading: engine thread only.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "draft/eagle3_internal.h"
+#include "engine/util/log.h"
+
+static void *head_own(eagle3_head *h, size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) return NULL;
+    void **n = realloc(h->owned, sizeof(void *) * (size_t)(h->n_owned + 1));
+    if (!n) { free(p); return NULL; }
+    h->owned = n;
+    h->owned[h->n_owned++] = p;
+    return p;
+}
+
+float *eagle3_workspace(eagle3_head *h, size_t n) {
+    if (n > h->ws_cap) {
+        float *p = realloc(h->ws, n * sizeof(float));
+        if (!p) return NULL;
+        h->ws = p;
+        h->ws_cap = n;
+    }
+    return h->ws;
+}
+
+static const st_tensor *find_layer(eagle3_head *h, const char *key, const char **prefix_used) {
+    static const char *const prefixes[] = {"midlayer.", "layers.0."};
+    int first = h->cfg.layout == EAGLE3_LAYOUT_SPECULATORS ? 1 : 0;
+    char name[160];
+    for (int k = 0; k < 2; k++) {
+        const char *p = prefixes[(first + k) % 2];
+        snprintf(name, sizeof name, "%s%s", p, key);
+        const st_tensor *t = st_find(h->st, name);
+        if (t) {
+            if (prefix_used) *prefix_used = p;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* A bk_weight [rows, cols] over tensor T (in place when the dtype and
+ * alignment allow, else an f32 copy). */
+static int load_matrix(eagle3_head *h, const st_tensor *t, const char *name, int64_t rows, int64_t cols, bk_weight *w,
+                       specd_err *err) {
+    if (!t) return specd_err_set(err, "tensor %s is missing", name);
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols)
+        return specd_err_set(err, "tensor %s has shape [%lld, %lld] (%d dims), expected [%lld, %lld]", name,
+                             (long long)(t->n_dims > 0 ? t->shape[0] : 0), (long long)(t->n_dims > 1 ? t->shape[1] : 0),
+                             t->n_dims, (long long)rows, (long long)cols);
+    w->rows = rows;
+    w->cols = cols;
+    w->scales = NULL;
+    uintptr_t a = (uintptr_t)t->data;
+    if ((t->dtype == ST_BF16 || t->dtype == ST_F16) && a % 2 == 0) {
+        w->type = t->dtype == ST_BF16 ? BK_W_BF16 : BK_W_F16;
+        w->data = t->data;
+        w->row_bytes = 2 * (size_t)cols;
+        return 0;
+    }
+    if (t->dtype == ST_F32 && a % 4 == 0) {
+        w->type = BK_W_F32;
+        w->data = t->data;
+        w->row_bytes = 4 * (size_t)cols;
+        return 0;
+    }
+    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32 && t->dtype != ST_F64)
+        return specd_err_set(err, "tensor %s has dtype %s (bf16, f16 or f32 expected)", name, st_dtype_name(t->dtype));
+    float *f = head_own(h, sizeof(float) * (size_t)rows * (size_t)cols);
+    if (!f) return specd_err_set(err, "out of memory converting %s", name);
+    if (st_read_f32(t, f, err) < 0) return specd_err_wrap(err, "%s", name);
+    w->type = BK_W_F32;
+    w->data = f;
+    w->row_bytes = 4 * (size_t)cols;
+    return 0;
+}
+
+static int load_vec(eagle3_head *h, const st_tensor *t, const char *name, int64_t n, float **out, specd_err *err) {
+    if (!t) return specd_err_set(err, "tensor %s is missing", name);
+    if (t->n_dims != 1 || t->shape[0] != n)
+        return specd_err_set(err, "tensor %s has %d dims / %lld values, expected [%lld]", name, t->n_dims,
+                             (long long)(t->n_dims ? t->shape[0] : 0), (long long)n);
+    float *f = head_own(h, sizeof(float) * (size_t)n);
+    if (!f) return specd_err_set(err, "out of memory");
+    if (st_read_f32(t, f, err) < 0) return specd_err_wrap(err, "%s", name);
+    *out = f;
+    return 0;
+}
+
+/* d2t int64 (or int32) [Vd] and t2d bool/u8 [Vt] -> validated used[]. */
+static int load_vocab(eagle3_head *h, specd_err *err) {
+    const eagle3_config *c = &h->cfg;
+    const int64_t Vd = c->draft_vocab, Vt = h->tgt.vocab;
+    const st_tensor *td = st_find(h->st, "d2t"), *tt = st_find(h->st, "t2d");
+    int64_t *d2t = NULL;
+    const uint8_t *t2d = NULL;
+    if (td) {
+        if (td->n_dims != 1 || td->shape[0] != Vd)
+            return specd_err_set(err, "d2t has %lld entries, draft_vocab_size is %lld", (long long)(td->n_dims ? td->shape[0] : 0),
+                                 (long long)Vd);
+        if (td->dtype != ST_I64 && td->dtype != ST_I32)
+            return specd_err_set(err, "d2t has dtype %s (int64 expected)", st_dtype_name(td->dtype));
+        d2t = head_own(h, sizeof(int64_t) * (size_t)Vd);
+        if (!d2t) return specd_err_set(err, "out of memory");
+        for (int64_t i = 0; i < Vd; i++) {
+            if (td->dtype == ST_I64) memcpy(&d2t[i], (const char *)td->data + 8 * i, 8);
+            else { int32_t v; memcpy(&v, (const char *)td->data + 4 * i, 4); d2t[i] = v; }
+        }
+    }
+    if (tt) {
+        if (tt->n_dims != 1 || tt->shape[0] != Vt)
+            return specd_err_set(err, "t2d has %lld entries, the target vocabulary has %lld",
+                                 (long long)(tt->n_dims ? tt->shape[0] : 0), (long long)Vt);
+        if (tt->dtype != ST_BOOL && tt->dtype != ST_U8)
+            return specd_err_set(err, "t2d has dtype %s (bool expected)", st_dtype_name(tt->dtype));
+        t2d = tt->data;
+    }
+    h->used = head_own(h, sizeof(int64_t) * (size_t)Vd);
+    if (!h->used) return specd_err_set(err, "out of memory");
+    if (eagle3_vocab_validate(d2t, Vd, t2d, Vt, h->used, &h->vocab, err) < 0) return -1;
+    char line[256];
+    eagle3_vocab_summary(&h->vocab, line, sizeof line);
+    LOG_INFO("eagle3 vocab: %s", line);
+    if (h->vocab.warning[0]) LOG_WARN("eagle3 vocab: %s", h->vocab.warning);
+    return 0;
+}
+
+/* lm_head [Vd, H] = rows used[] of the target's LM head, kept in its format. */
+static int gather_lm_head(eagle3_head *h, specd_err *err) {
+    const bk_weight *src = h->tgt.lm_head;
+    const int64_t Vd = h->cfg.draft_vocab;
+    if (h->cfg.hidden != h->tgt.hidden)
+        return specd_err_set(err, "the head has no lm_head.weight and its hidden size %d differs from the target's %d",
+                             h->cfg.hidden, h->tgt.hidden);
+    char *rows = head_own(h, src->row_bytes * (size_t)Vd);
+    if (!rows) return specd_err_set(err, "out of memory gathering the LM head");
+    uint16_t *sc = NULL;
+    if (src->scales) {
+        sc = head_own(h, sizeof(uint16_t) * (size_t)(src->cols / 32) * (size_t)Vd);
+        if (!sc) return specd_err_set(err, "out of memory");
+    }
+    for (int64_t i = 0; i < Vd; i++) {
+        const int64_t r = h->used[i];
+        memcpy(rows + src->row_bytes * (size_t)i, (const char *)src->data + src->row_bytes * (size_t)r, src->row_bytes);
+        if (sc) memcpy(sc + (size_t)(src->cols / 32) * i, (const uint16_t *)src->scales + (size_t)(src->cols / 32) * r,
+                       sizeof(uint16_t) * (size_t)(src->cols / 32));
+    }
+    h->lm_head = *src;
+    h->lm_head.rows = Vd;
+    h->lm_head.data = rows;
+    h->lm_head.scales = sc;
+    return 0;
+}
+
+static int load_tensors(eagle3_head *h, specd_err *err) {
+    const eagle3_config *c = &h->cfg;
+    const int64_t H = c->hidden, Ht = c->target_hidden, qd = (int64_t)c->n_heads * c->head_dim,
+                  kvd = (int64_t)c->n_kv_heads * c->head_dim, I = c->ffn;
+    const st_tensor *fc = st_find(h->st, "fc.weight");
+    if (!fc || fc->n_dims != 2) return specd_err_set(err, "tensor fc.weight is missing or not 2-D");
+    if (fc->shape[1] % Ht || fc->shape[1] / Ht < 1 || fc->shape[1] / Ht > EAGLE3_MAX_AUX)
+        return specd_err_set(err, "fc.weight has %lld input features, not a multiple (1..%d) of target_hidden_size %lld",
+                             (long long)fc->shape[1], EAGLE3_MAX_AUX, (long long)Ht);
+    h->n_aux = (int32_t)(fc->shape[1] / Ht);
+    if (load_matrix(h, fc, "fc.weight", H, h->n_aux * Ht, &h->fc, err) < 0) return -1;
+    const char *pfx = NULL;
+    const char *want = c->layout == EAGLE3_LAYOUT_SPECULATORS ? "layers.0." : "midlayer.";
+    struct { const char *key; bk_weight *w; int64_t rows, cols; } mats[] = {
+        {"self_attn.q_proj.weight", &h->wq, qd, 2 * H}, {"self_attn.k_proj.weight", &h->wk, kvd, 2 * H},
+        {"self_attn.v_proj.weight", &h->wv, kvd, 2 * H}, {"self_attn.o_proj.weight", &h->wo, H, qd},
+        {"mlp.gate_proj.weight", &h->wgate, I, H},       {"mlp.up_proj.weight", &h->wup, I, H},
+        {"mlp.down_proj.weight", &h->wdown, H, I},
+    };
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", want, mats[i].key);
+        if (load_matrix(h, find_layer(h, mats[i].key, &pfx), name, mats[i].rows, mats[i].cols, mats[i].w, err) < 0)
+            return -1;
+    }
+    if (pfx && strcmp(pfx, want) != 0)
+        LOG_WARN("eagle3: %s layout config but tensors are named %s*: loading them anyway", eagle3_layout_name(c->layout), pfx);
+    struct { const char *key; float **v; } vecs[] = {
+        {"input_layernorm.weight", &h->n_input}, {"hidden_norm.weight", &h->n_hidden},
+        {"post_attention_layernorm.weight", &h->n_post},
+    };
+    for (size_t i = 0; i < 3; i++)
+        if (load_vec(h, find_layer(h, vecs[i].key, NULL), vecs[i].key, H, vecs[i].v, err) < 0) return -1;
+    if (load_vec(h, st_find(h->st, "norm.weight"), "norm.weight", H, &h->n_final, err) < 0) return -1;
+    if (c->attention_bias) {
+        if (load_vec(h, find_layer(h, "self_attn.q_proj.bias", NULL), "self_attn.q_proj.bias", qd, &h->bq, err) < 0 ||
+            load_vec(h, find_layer(h, "self_attn.k_proj.bias", NULL), "self_attn.k_proj.bias", kvd, &h->bk, err) < 0 ||
+            load_vec(h, find_layer(h, "self_attn.v_proj.bias", NULL), "self_attn.v_proj.bias", kvd, &h->bv, err) < 0)
+            return -1;
+        /* HF Llama's attention_bias also covers o_proj (tools/eagle3/NOTES.md); optional here */
+        const st_tensor *ob = find_layer(h, "self_attn.o_proj.bias", NULL);
+        if (ob && load_vec(h, ob, "self_attn.o_proj.bias", H, &h->bo, err) < 0) return -1;
+    } else if (find_layer(h, "self_attn.q_proj.bias", NULL)) {
+        return specd_err_set(err, "the head has q/k/v biases but config attention_bias is false");
+    }
+    if (load_vocab(h, err) < 0) return -1;
+    const st_tensor *lm = st_find(h->st, "lm_head.weight");
+    if (lm) {
+        if (load_matrix(h, lm, "lm_head.weight", c->draft_vocab, H, &h->lm_head, err) < 0) return -1;
+    } else if (gather_lm_head(h, err) < 0) {
+        return -1;
+    }
+    const st_tensor *em = st_find(h->st, "embed_tokens.weight");
+    if (em) {
+        if (load_matrix(h, em, "embed_tokens.weight", h->tgt.vocab, H, &h->own_embed, err) < 0) return -1;
+        h->embed = &h->own_embed;
+    } else {
+        if (H != h->tgt.hidden)
+            return specd_err_set(err, "the head has no embed_tokens.weight and its hidden size %lld differs from the "
+                                      "target's %d", (long long)H, h->tgt.hidden);
+        h->embed = h->tgt.embed;
+    }
+    LOG_INFO("eagle3: lm_head %s, embed_tokens %s", lm ? "from the head" : "gathered from the target's rows",
+             em ? "from the head" : "shared with the target");
+    return 0;
+}
+
+static int alloc_kv(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
+    h->block_size = o && o->block_size > 0 ? o->block_size : 16;
+    h->n_blocks = o && o->n_blocks > 0 ? o->n_blocks : 1024;
+    if (h->block_size > 1024 || h->n_blocks > (1 << 22))
+        return specd_err_set(err, "draft KV: %d blocks of %d tokens is out of range", h->n_blocks, h->block_size);
+    const size_t elems = (size_t)h->n_blocks * h->block_size * h->cfg.n_kv_heads * h->cfg.head_dim;
+    h->kv_k = calloc(elems, sizeof(float));
+    h->kv_v = calloc(elems, sizeof(float));
+    h->free_ids = malloc(sizeof(int32_t) * (size_t)h->n_blocks);
+    if (!h->kv_k || !h->kv_v || !h->free_ids)
+        return specd_err_set(err, "cannot allocate the draft KV cache (%zu bytes)", 2 * elems * sizeof(float));
+    for (int32_t i = 0; i < h->n_blocks; i++) h->free_ids[i] = h->n_blocks - 1 - i; /* pop order 0, 1, 2, ... */
+    h->n_free = h->n_blocks;
+    return 0;
+}
+
+int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_opts *o, eagle3_head **out,
+                     specd_err *err) {
+    *out = NULL;
+    eagle3_head *h = calloc(1, sizeof *h);
+    if (!h) return specd_err_set(err, "out of memory");
+    h->tgt = *t;
+    if (eagle3_config_load(dir, &h->cfg, err) < 0) goto fail;
+    const eagle3_config *c = &h->cfg;
+    if (c->target_hidden != t->hidden) {
+        specd_err_set(err, "target_hidden_size %d does not match the target's hidden size %d", c->target_hidden, t->hidden);
+        goto fail;
+    }
+    if (c->target_vocab != t->vocab)
+        LOG_WARN("eagle3: config vocab_size %d differs from the target's vocabulary %d; the target's is used",
+                 c->target_vocab, t->vocab);
+    if (c->draft_vocab > t->vocab) {
+        specd_err_set(err, "draft_vocab_size %d exceeds the target vocabulary %d", c->draft_vocab, t->vocab);
+        goto fail;
+    }
+    if (st_open(dir, &h->st, err) < 0) goto fail;
+    if (load_tensors(h, err) < 0) goto fail;
+    int32_t n = eagle3_config_aux_layers(c, t->n_layers, o ? o->aux_ids_convention : EAGLE3_AUX_AUTO, h->n_aux,
+                                         h->aux_layers, err);
+    if (n < 0) goto fail;
+    h->inv_freq = head_own(h, sizeof(float) * (size_t)(c->head_dim / 2));
+    if (!h->inv_freq) { specd_err_set(err, "out of memory"); goto fail; }
+    eagle3_config_inv_freq(c, h->inv_freq);
+    if (alloc_kv(h, o, err) < 0) goto fail;
+    LOG_INFO("eagle3 head %s: %s layout, hidden %d (target %d), heads %d/%d x %d, ffn %d, rope_theta %g%s, "
+             "norm_before_residual %s, aux layers {%d, %d, %d} (input convention), draft KV %d blocks x %d",
+             dir, eagle3_layout_name(c->layout), c->hidden, c->target_hidden, c->n_heads, c->n_kv_heads, c->head_dim,
+             c->ffn, (double)c->rope_theta, c->rope_theta_defaulted ? " (default)" : "",
+             c->norm_before_residual ? "true" : "false", h->aux_layers[0], n > 1 ? h->aux_layers[1] : -1,
+             n > 2 ? h->aux_layers[2] : -1, h->n_blocks, h->block_size);
+    *out = h;
+    return 0;
+fail:
+    specd_err_wrap(err, "EAGLE-3 head %s", dir);
+    eagle3_head_destroy(h);
+    return -1;
+}
+
+void eagle3_head_destroy(eagle3_head *h) {
+    if (!h) return;
+    for (int i = 0; i < h->n_owned; i++) free(h->owned[i]);
+    free(h->owned);
+    free(h->kv_k);
+    free(h->kv_v);
+    free(h->free_ids);
+    free(h->ws);
+    st_close(h->st);
+    free(h);
+}
+
+const eagle3_config *eagle3_head_config(const eagle3_head *h) { return &h->cfg; }
+const eagle3_vocab_info *eagle3_head_vocab(const eagle3_head *h) { return &h->vocab; }
+const int64_t *eagle3_head_used(const eagle3_head *h) { return h->used; }
+int32_t eagle3_head_n_aux(const eagle3_head *h) { return h->n_aux; }
+int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
+    memcpy(out, h->aux_layers, sizeof(int32_t) * (size_t)h->n_aux);
+    return h->n_aux;
+}
+
+/* ------------------------------------------------------------ KV pool */
+
+bk_kv_layer eagle3_head_kv(eagle3_head *h) {
+    bk_kv_layer kv = {h->kv_k, h->kv_v, h->block_size, h->cfg.n_kv_heads, h->cfg.head_dim, h->n_blocks};
+    return kv;
+}
+
+int32_t eagle3_kv_alloc(eagle3_head *h) { return h->n_free > 0 ? h->free_ids[--h->n_free] : -1; }
+
+void eagle3_kv_free(eagle3_head *h, int32_t b) {
+    if (b >= 0 && b < h->n_blocks && h->n_free < h->n_blocks) h->free_ids[h->n_free++] = b;
+}
+
+int32_t eagle3_kv_n_free(const eagle3_head *h) { return h->n_free; }
