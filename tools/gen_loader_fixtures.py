@@ -200,6 +200,34 @@ def write_safetensors():
         f.write("\n".join(lines) + "\n")
 
 
+def write_fuzz_seeds(rng):
+    """Small valid seeds for the libFuzzer harnesses (tests/fuzz/corpus_*)."""
+    gdir = os.path.join(ROOT, "tests", "fuzz", "corpus_gguf")
+    sdir = os.path.join(ROOT, "tests", "fuzz", "corpus_safetensors")
+    os.makedirs(gdir, exist_ok=True)
+    os.makedirs(sdir, exist_ok=True)
+    w = gguf.GGUFWriter(os.path.join(gdir, "seed1.gguf"), "llama")
+    w.add_block_count(2)
+    w.add_uint32("x.u32", 7)
+    w.add_float32("x.f", 1.5)
+    w.add_bool("x.b", True)
+    w.add_array("x.arr_s", ["a", "bc", "def"])
+    w.add_array("x.arr_i", [1, 2, 3])
+    w.add_array("x.arr_f", [1.0, 2.5])
+    w.add_string("x.s", "hello")
+    w.add_tensor("f32", rng.standard_normal((2, 8)).astype(np.float32))
+    w.add_tensor("f16", rng.standard_normal((4,)).astype(np.float16))
+    for name, qt in [("q8", QT.Q8_0), ("q41", QT.Q4_1), ("q40", QT.Q4_0)]:
+        q = quantize(rng.standard_normal((2, 32)).astype(np.float32), qt)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    import shutil
+    shutil.copy(os.path.join(OUT, "st_ref.safetensors"), os.path.join(sdir, "seed1.safetensors"))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     rng = np.random.default_rng(20261129)
@@ -210,6 +238,7 @@ def main():
     write_meta(reader)
     write_model_rows(reader)
     write_safetensors()
+    write_fuzz_seeds(rng)
     print("wrote fixtures to", OUT)
 
 
