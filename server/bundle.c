@@ -1,0 +1,161 @@
+/*
+ * bundle.c: see bundle.h. The order of construction is backend -> model ->
+ * tokenizer -> engine; every step failing leaves the bundle freeable.
+ */
+#include "server/bundle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/util/log.h"
+#include "server/auth.h"
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void specd_model_name(const char *model_path, const specd_config *cfg, char *buf, size_t cap) {
+    if (cfg && cfg->served_model_name) {
+        snprintf(buf, cap, "%s", cfg->served_model_name);
+        return;
+    }
+    size_t n = strlen(model_path);
+    while (n > 1 && model_path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && model_path[b - 1] != '/') b--;
+    size_t len = n - b;
+    if (len > 5 && !strncmp(model_path + n - 5, ".gguf", 5)) len -= 5;
+    snprintf(buf, cap, "%.*s", (int)len, model_path + b);
+}
+
+static int load_tokenizer(const char *model_path, const gguf_file *g, specd_bundle *b, specd_err *err) {
+    if (g) return tok_create_from_gguf(g, &b->tok, err);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
+    return tok_create_from_hf(path, &b->tok, err);
+}
+
+int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, specd_bundle *b, specd_err *err) {
+    memset(b, 0, sizeof *b);
+    if (tokenizer_json) return tok_create_from_hf(tokenizer_json, &b->tok, err);
+    if (is_dir(model_path)) return load_tokenizer(model_path, NULL, b, err);
+    if (gguf_open(model_path, &b->tok_gguf, err)) return specd_err_wrap(err, "%s", model_path);
+    return tok_create_from_gguf(b->tok_gguf, &b->tok, err);
+}
+
+int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bundle *b, specd_err *err) {
+    memset(b, 0, sizeof *b);
+    if (specd_config_resolve(cfg, &b->spec, err)) return -1;
+    b->device = "cpu";
+    if (cfg->device && !strcmp(cfg->device, "cuda"))
+        LOG_WARN("--device cuda: this build has no CUDA backend wired into the engine yet; falling back to cpu");
+    b->be = bk_cpu_create(cfg->threads);
+    if (!b->be) {
+        specd_err_set(err, "cannot create the CPU backend");
+        goto fail;
+    }
+    LOG_INFO("backend: cpu (%s)", bk_cpu_describe(b->be));
+    model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = cfg->kv_cache_memory, .n_blocks = 0};
+    if (model_load(model_path, b->be, &mo, &b->m, err)) {
+        specd_err_wrap(err, "loading %s", model_path);
+        goto fail;
+    }
+    const model_config *mc = model_get_config(b->m);
+    if (load_tokenizer(model_path, model_gguf(b->m), b, err)) {
+        specd_err_wrap(err, "tokenizer of %s", model_path);
+        goto fail;
+    }
+    b->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
+    if (cfg->max_model_len > mc->max_pos)
+        LOG_WARN("--max-model-len %d exceeds the model's trained context %d", cfg->max_model_len, mc->max_pos);
+    int64_t kv_tokens = (int64_t)model_kv_n_blocks(b->m) * model_kv_block_size(b->m);
+    if (kv_tokens < b->max_model_len) {
+        specd_err_set(err,
+                      "--kv-cache-memory %lld bytes holds %lld tokens, fewer than --max-model-len %d "
+                      "(raise --kv-cache-memory or lower --max-model-len)",
+                      (long long)cfg->kv_cache_memory, (long long)kv_tokens, b->max_model_len);
+        goto fail;
+    }
+    LOG_INFO("model %s: %s, %d layers, hidden %d, vocab %d; KV %d blocks x %d tokens; max_model_len %d", model_path,
+             mc->name, mc->n_layers, mc->hidden, mc->vocab, model_kv_n_blocks(b->m), model_kv_block_size(b->m),
+             b->max_model_len);
+    if (b->spec.enabled) {
+        specd_err_set(err, "speculative decoding (--draft %s) is not wired into this build yet", b->spec.model);
+        goto fail;
+    }
+    engine_config ec = {.max_model_len = b->max_model_len,
+                        .max_num_seqs = cfg->max_num_seqs,
+                        .max_num_batched_tokens = cfg->max_num_batched_tokens,
+                        .max_waiting = cfg->max_waiting,
+                        .enable_prefix_caching = cfg->enable_prefix_caching,
+                        .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0};
+    if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
+        specd_err_wrap(err, "engine");
+        goto fail;
+    }
+    return 0;
+fail:
+    specd_bundle_free(b);
+    return -1;
+}
+
+void specd_bundle_free(specd_bundle *b) {
+    if (!b) return;
+    engine_destroy(b->eng);
+    tok_destroy(b->tok);
+    gguf_close(b->tok_gguf);
+    model_destroy(b->m);
+    if (b->be) bk_cpu_destroy(b->be);
+    specd_spec_free(&b->spec);
+    memset(b, 0, sizeof *b);
+}
+
+int specd_check_config(const char *model_path, const specd_config *cfg, specd_err *err) {
+    specd_spec spec;
+    if (specd_config_resolve(cfg, &spec, err)) return -1;
+    int rc = -1;
+    auth *a = NULL;
+    specd_bundle b;
+    memset(&b, 0, sizeof b);
+    if (access(model_path, R_OK)) {
+        specd_err_set(err, "model %s: not readable", model_path);
+        goto done;
+    }
+    if (auth_create(cfg->api_key, cfg->api_key_file, &a, err)) goto done;
+    if (specd_tokenizer_load(model_path, NULL, &b, err)) {
+        specd_err_wrap(err, "model %s", model_path);
+        goto done;
+    }
+    if (b.tok_gguf) {
+        int64_t ctx = 0;
+        char key[160];
+        const char *arch = NULL;
+        size_t al = 0;
+        if (gguf_get_str(b.tok_gguf, "general.architecture", &arch, &al, err)) goto done;
+        snprintf(key, sizeof key, "%.*s.context_length", (int)al, arch);
+        if (!gguf_get_i64(b.tok_gguf, key, &ctx, NULL) && cfg->max_model_len > ctx)
+            LOG_WARN("--max-model-len %d exceeds the model's trained context %lld", cfg->max_model_len, (long long)ctx);
+    }
+    if (spec.model) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/config.json", spec.model);
+        if (!is_dir(spec.model) || access(p, R_OK)) {
+            specd_err_set(err, "draft %s: not a directory with a readable config.json", spec.model);
+            goto done;
+        }
+    }
+    if (cfg->max_num_batched_tokens < cfg->max_num_seqs)
+        LOG_WARN("--max-num-batched-tokens %d < --max-num-seqs %d: not every running sequence fits in one step",
+                 cfg->max_num_batched_tokens, cfg->max_num_seqs);
+    rc = 0;
+done:
+    auth_destroy(a);
+    tok_destroy(b.tok);
+    gguf_close(b.tok_gguf);
+    specd_spec_free(&spec);
+    return rc;
+}

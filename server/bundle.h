@@ -1,0 +1,52 @@
+/*
+ * bundle.h: loading what a command needs to run the engine: backend, target
+ * model (GGUF file or HF directory), tokenizer, and the engine itself,
+ * configured from the shared engine flags of the config table. Used by
+ * `specd serve` and `specd generate` so both build the engine identically
+ * (which is what makes "greedy output of serve == generate" a fair test).
+ *
+ * Also the cheap checks of `--check-config` and the tokenizer-only load of
+ * `specd tokenize` (no weights, no KV).
+ *
+ * Ownership: the bundle owns everything it created; specd_bundle_free tears
+ * it down in reverse order (engine, tokenizer, model, backend). Threading:
+ * main thread.
+ */
+#ifndef SPECD_SERVER_BUNDLE_H
+#define SPECD_SERVER_BUNDLE_H
+
+#include "engine/backend/backend.h"
+#include "engine/model/model.h"
+#include "engine/runtime/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "server/config.h"
+
+typedef struct specd_bundle {
+    backend *be;
+    model *m;
+    tokenizer *tok;
+    gguf_file *tok_gguf;      /* tokenizer-only load of a GGUF */
+    engine *eng;
+    int32_t max_model_len;    /* resolved (flag or the model's trained context) */
+    specd_spec spec;
+    const char *device;       /* "cpu" (after any fallback) */
+} specd_bundle;
+
+/* Loads backend + model + tokenizer and creates (not starts) the engine. */
+int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bundle *b, specd_err *err);
+void specd_bundle_free(specd_bundle *b);
+
+/* Tokenizer only: MODEL_PATH a GGUF or an HF directory, or TOKENIZER_JSON a
+ * tokenizer.json (one of them non-NULL). */
+int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, specd_bundle *b, specd_err *err);
+
+/* --check-config: the model path exists and its metadata/tokenizer load, the
+ * API key file is readable, the draft directory (if any) exists and has a
+ * config.json, limits are consistent. Returns 0 or -1 with err. */
+int specd_check_config(const char *model_path, const specd_config *cfg, specd_err *err);
+
+/* The served model name: --served-model-name or the path's base name
+ * (".gguf" stripped) into buf. */
+void specd_model_name(const char *model_path, const specd_config *cfg, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,173 @@
+/*
+ * oai.h: the OpenAI request/response schema, the only place JSON meets the
+ * engine's native structs (STYLE.md: JSON never leaves server/).
+ *
+ * Requests (POST /v1/completions, /v1/chat/completions) are parsed and
+ * validated at the edge into an oai_request: prompts as text or token ids,
+ * chat messages, and a sampling_params ready for engine_submit. Every
+ * rejection is an oai_error carrying the HTTP status, the OpenAI error type,
+ * the offending parameter and a message; nothing malformed reaches the engine.
+ * The checks that need the tokenizer (out-of-vocabulary ids, context length)
+ * are separate small functions (oai_check_ids, oai_resolve_max_tokens) so the
+ * parser stays testable without a model.
+ *
+ * Decisions where OpenAI and peers differ (documented in docs/server.md):
+ *  - max_tokens absent or null -> the remaining context (max_model_len - prompt).
+ *  - max_tokens 0 is accepted only with echo (completions): the response is the
+ *    echoed prompt, finish_reason "length", completion_tokens 0 (vLLM's choice).
+ *  - max_completion_tokens wins over max_tokens when both are given.
+ *  - prompt/ids/messages that are empty, stop strings that are empty, n = 0,
+ *    temperature < 0, top_p outside (0, 1], logprobs above OAI_MAX_LOGPROBS
+ *    are 400 invalid_request_error with `param` naming the field.
+ *  - unknown fields are ignored (clients send vendor extras); duplicate keys
+ *    are rejected.
+ *
+ * Responses are built as exact OpenAI shapes: objects "text_completion",
+ * "chat.completion", "chat.completion.chunk"; choices with index, text or
+ * message/delta, logprobs, finish_reason ("stop" | "length" | null);
+ * usage {prompt_tokens, completion_tokens, total_tokens}. Streaming frames are
+ * Server-Sent Events "data: {json}\n\n", ended by "data: [DONE]\n\n".
+ *
+ * Threading: pure functions over caller-owned data; safe from any thread.
+ */
+#ifndef SPECD_SERVER_OAI_H
+#define SPECD_SERVER_OAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/runtime/engine.h"
+#include "engine/tokenizer/tokenizer.h"
+
+#define OAI_MAX_LOGPROBS 20
+#define OAI_MAX_N 128
+#define OAI_MAX_STOP 32
+#define OAI_MAX_STOP_LEN 256
+#define OAI_MAX_PROMPTS 256
+
+typedef enum { OAI_COMPLETION, OAI_CHAT } oai_kind;
+
+typedef struct oai_error {
+    int status;        /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    char type[40];     /* "invalid_request_error", "authentication_error", ... */
+    char code[40];     /* machine code or "" (rendered as null) */
+    char param[64];    /* offending field or "" (null) */
+    char message[512];
+} oai_error;
+
+/* Fills E (type derived from the status) and returns -1. PARAM may be NULL. */
+int oai_error_set(oai_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* {"error":{"message","type","param","code"}} as a malloc'd JSON string. */
+char *oai_error_json(const oai_error *e, size_t *len);
+
+typedef struct oai_prompt {
+    bool is_ids;            /* the client sent token ids */
+    char *text;             /* UTF-8, malloc'd (when !is_ids) */
+    size_t text_len;
+    int32_t *ids;           /* [n_ids], malloc'd: client ids, or the tokenized text */
+    size_t n_ids;
+} oai_prompt;
+
+typedef struct oai_request {
+    oai_kind kind;
+    char *model;                     /* NULL when absent */
+    oai_prompt *prompts;             /* completions: [n_prompts] (a batch gives n_prompts * n choices) */
+    size_t n_prompts;
+    chat_message *messages;          /* chat: [n_messages]; strings malloc'd */
+    size_t n_messages;
+    bool add_generation_prompt;      /* chat (vLLM extension), default true */
+    sampling_params sp;              /* stop / stop_token_ids point at the arrays below */
+    char **stop;                     /* [n_stop] malloc'd strings */
+    size_t n_stop;
+    int32_t *stop_token_ids;         /* [n_stop_token_ids] */
+    size_t n_stop_token_ids;
+    bool has_max_tokens;             /* max_tokens / max_completion_tokens given (not null) */
+    int32_t max_tokens;              /* as requested, >= 0 (0 only with echo) */
+    int32_t n;                       /* choices per prompt, 1..OAI_MAX_N */
+    bool stream;
+    bool include_usage;              /* stream_options.include_usage */
+    bool echo;                       /* completions */
+    int32_t logprobs;                /* -1 none; else top-N (completions: logprobs; chat: top_logprobs) */
+} oai_request;
+
+/* Parses BODY[0..LEN) (validated as UTF-8 first) for endpoint KIND.
+ * On success fills *OUT (free with oai_request_free) and returns 0; on a bad
+ * request returns -1 with *ERR (status 400, or 500 on OOM). */
+int oai_parse_request(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *err);
+void oai_request_free(oai_request *r); /* NULL ok; leaves *r zeroed */
+
+/* 400 unless every id is in [0, vocab). PARAM names the field. */
+int oai_check_ids(const int32_t *ids, size_t n, int32_t vocab, const char *param, oai_error *err);
+
+/* Resolves the generation budget for a prompt of N_PROMPT tokens:
+ * absent -> max_model_len - n_prompt (400 if that is < 1 and !echo-with-0);
+ * prompt alone over the limit -> 400 stating both sizes; prompt + max_tokens
+ * over the limit -> 400 stating the limit and both sizes. *MAX_TOKENS gets the
+ * value for sampling_params (0 = echo only, nothing to generate). */
+int oai_resolve_max_tokens(const oai_request *r, int32_t n_prompt, int32_t max_model_len, int32_t *max_tokens,
+                           oai_error *err);
+
+/* Validates UTF-8 (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).
+ * Returns the byte offset of the first invalid sequence, or LEN if valid. */
+size_t oai_utf8_invalid_at(const char *s, size_t len);
+/* Copies S replacing each invalid sequence by U+FFFD (malloc'd, NUL-terminated). */
+char *oai_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
+/* ---- responses ---- */
+
+/* Token text for logprob rendering: the token's bytes (may be a partial
+ * UTF-8 sequence); NULL if unknown. */
+typedef const char *(*oai_token_bytes_fn)(void *ctx, int32_t id, size_t *len);
+
+/* One finished (or streaming) choice's accumulated state. */
+typedef struct oai_choice {
+    int32_t index;
+    char *text;  size_t text_len, text_cap;      /* accumulated text (non-streaming) */
+    int32_t *ids; token_logprob *lps;            /* accumulated when logprobs wanted */
+    size_t n_lps, lps_cap;
+    finish_reason finish;
+    char stop_reason[64];
+    int32_t stop_token_id;
+    int32_t n_prompt_tokens, n_completion_tokens, n_cached_tokens;
+} oai_choice;
+
+/* Appends one engine delta to C (text, ids and logprobs if any); copies the
+ * counters and the finish. Returns 0 or -1 on OOM. */
+int oai_choice_add(oai_choice *c, const engine_output *o);
+void oai_choice_free(oai_choice *c);
+
+typedef struct oai_resp_ctx {
+    oai_kind kind;
+    const char *id;           /* "cmpl-..." / "chatcmpl-..." */
+    long long created;        /* unix seconds */
+    const char *model;        /* served model name */
+    int32_t logprobs;         /* -1 none */
+    oai_token_bytes_fn token_bytes;
+    void *token_ctx;
+} oai_resp_ctx;
+
+/* The non-streaming body: all CHOICES (in index order) and usage summed over
+ * them (prompt tokens counted once per prompt: the caller passes the sum
+ * N_PROMPT_TOTAL). Malloc'd JSON, NULL on OOM. */
+char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_t n_choices,
+                        int64_t n_prompt_total, size_t *len);
+
+/* One SSE frame "data: {chunk}\n\n" for a delta of choice INDEX: TEXT (may be
+ * empty), LPS/IDS (n_lps entries, or 0), FINISH (FINISH_NONE -> null).
+ * ROLE_FIRST: chat's first chunk carrying {"role":"assistant"}. With
+ * INCLUDE_USAGE the chunk carries "usage": null. Malloc'd, NULL on OOM. */
+char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, size_t text_len,
+                    const int32_t *ids, const token_logprob *lps, size_t n_lps, finish_reason finish,
+                    const char *stop_reason, int32_t stop_token_id, bool role_first, bool include_usage,
+                    size_t *len);
+/* The final usage frame: choices [] and usage. */
+char *oai_usage_sse(const oai_resp_ctx *rc, int64_t prompt_tokens, int64_t completion_tokens, size_t *len);
+/* An error as an SSE frame (after headers were sent): data: {"error":...}\n\n */
+char *oai_error_sse(const oai_error *e, size_t *len);
+#define OAI_SSE_DONE "data: [DONE]\n\n"
+
+const char *oai_finish_str(finish_reason f); /* "stop", "length", "abort", "error", NULL */
+
+#endif

@@ -1,0 +1,276 @@
+/*
+ * oai_resp.c: OpenAI response bodies and SSE frames from engine outputs.
+ *
+ * Shapes (OpenAI API reference; vLLM's protocol.py agrees):
+ *   completion:  {id, object:"text_completion", created, model,
+ *                 choices:[{index, text, logprobs, finish_reason, stop_reason}], usage}
+ *   chat:        {id, object:"chat.completion", created, model,
+ *                 choices:[{index, message:{role:"assistant", content}, logprobs, finish_reason,
+ *                           stop_reason}], usage}
+ *   chat chunk:  {id, object:"chat.completion.chunk", created, model,
+ *                 choices:[{index, delta:{role?, content?}, logprobs, finish_reason}]}
+ *   logprobs:    completions {tokens, token_logprobs, top_logprobs:[{tok:lp}], text_offset};
+ *                chat {content:[{token, logprob, bytes, top_logprobs:[{token, logprob, bytes}]}]}
+ * Text is made valid UTF-8 before it reaches jansson (which refuses
+ * anything else): engine text is final UTF-8 already, token pieces in
+ * logprobs may be partial sequences and show U+FFFD while `bytes` keeps the
+ * exact bytes.
+ *
+ * Threading: pure; any thread.
+ */
+#include "server/oai.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *oai_finish_str(finish_reason f) {
+    switch (f) {
+    case FINISH_STOP: return "stop";
+    case FINISH_LENGTH: return "length";
+    case FINISH_ABORT: return "abort";
+    case FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+/* ==== accumulation ==== */
+int oai_choice_add(oai_choice *c, const engine_output *o) {
+    if (o->text_len) {
+        if (c->text_len + o->text_len + 1 > c->text_cap) {
+            size_t cap = c->text_cap ? c->text_cap : 256;
+            while (cap < c->text_len + o->text_len + 1) cap *= 2;
+            char *t = realloc(c->text, cap);
+            if (!t) return -1;
+            c->text = t;
+            c->text_cap = cap;
+        }
+        memcpy(c->text + c->text_len, o->text, o->text_len);
+        c->text_len += o->text_len;
+        c->text[c->text_len] = 0;
+    }
+    if (o->logprobs && o->n_tokens) {
+        if (c->n_lps + o->n_tokens > c->lps_cap) {
+            size_t cap = c->lps_cap ? c->lps_cap : 64;
+            while (cap < c->n_lps + o->n_tokens) cap *= 2;
+            token_logprob *l = realloc(c->lps, cap * sizeof *l);
+            if (!l) return -1;
+            c->lps = l;
+            int32_t *ids = realloc(c->ids, cap * sizeof *ids);
+            if (!ids) return -1;
+            c->ids = ids;
+            c->lps_cap = cap;
+        }
+        memcpy(c->lps + c->n_lps, o->logprobs, o->n_tokens * sizeof *o->logprobs);
+        memcpy(c->ids + c->n_lps, o->token_ids, o->n_tokens * sizeof *o->token_ids);
+        c->n_lps += o->n_tokens;
+    }
+    c->finish = o->finish;
+    memcpy(c->stop_reason, o->stop_reason, sizeof c->stop_reason);
+    c->stop_reason[sizeof c->stop_reason - 1] = 0;
+    c->stop_token_id = o->stop_token_id;
+    c->n_prompt_tokens = o->n_prompt_tokens;
+    c->n_completion_tokens = o->n_completion_tokens;
+    c->n_cached_tokens = o->n_cached_prompt_tokens;
+    return 0;
+}
+
+void oai_choice_free(oai_choice *c) {
+    if (!c) return;
+    free(c->text);
+    free(c->lps);
+    free(c->ids);
+    memset(c, 0, sizeof *c);
+}
+
+/* ==== small builders ==== */
+static json_t *jstr(const char *s, size_t len) {
+    size_t l;
+    char *clean = oai_utf8_sanitize(s ? s : "", s ? len : 0, &l);
+    if (!clean) return NULL;
+    json_t *v = json_stringn(clean, l);
+    free(clean);
+    return v;
+}
+
+static json_t *jlogprob(float lp) {
+    /* -inf is not JSON: clamp like vLLM (-9999.0) */
+    return json_real(isfinite(lp) ? lp : -9999.0);
+}
+
+static json_t *token_json(const oai_resp_ctx *rc, int32_t id) {
+    size_t len = 0;
+    const char *b = rc->token_bytes ? rc->token_bytes(rc->token_ctx, id, &len) : NULL;
+    if (!b) {
+        char tmp[32];
+        int n = snprintf(tmp, sizeof tmp, "token_id:%d", id);
+        return json_stringn(tmp, (size_t)n);
+    }
+    return jstr(b, len);
+}
+
+static json_t *bytes_json(const oai_resp_ctx *rc, int32_t id) {
+    size_t len = 0;
+    const char *b = rc->token_bytes ? rc->token_bytes(rc->token_ctx, id, &len) : NULL;
+    json_t *a = json_array();
+    for (size_t i = 0; b && i < len; i++) json_array_append_new(a, json_integer((unsigned char)b[i]));
+    return a;
+}
+
+/* Completions logprobs object for N tokens. TEXT_OFFSET0: offset of the
+ * first token's text in the choice's text so far. */
+static json_t *completion_logprobs(const oai_resp_ctx *rc, const int32_t *ids, const token_logprob *lps, size_t n,
+                                   size_t text_offset0) {
+    json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
+    size_t offset = text_offset0;
+    for (size_t i = 0; i < n; i++) {
+        json_array_append_new(tokens, token_json(rc, ids[i]));
+        json_array_append_new(tlp, jlogprob(lps[i].logprob));
+        json_t *d = json_object();
+        for (int32_t k = 0; k < lps[i].n_top && k < 20; k++) {
+            json_t *t = token_json(rc, lps[i].top_ids[k]);
+            json_object_set_new(d, json_string_value(t), jlogprob(lps[i].top_logprobs[k]));
+            json_decref(t);
+        }
+        json_array_append_new(top, d);
+        json_array_append_new(off, json_integer((json_int_t)offset));
+        size_t len = 0;
+        if (rc->token_bytes && rc->token_bytes(rc->token_ctx, ids[i], &len)) offset += len;
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", tlp, "top_logprobs", top,
+                     "text_offset", off);
+}
+
+static json_t *chat_logprobs(const oai_resp_ctx *rc, const int32_t *ids, const token_logprob *lps, size_t n) {
+    json_t *content = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *top = json_array();
+        for (int32_t k = 0; k < lps[i].n_top && k < 20; k++)
+            json_array_append_new(top, json_pack("{s:o,s:o,s:o}", "token", token_json(rc, lps[i].top_ids[k]),
+                                                 "logprob", jlogprob(lps[i].top_logprobs[k]), "bytes",
+                                                 bytes_json(rc, lps[i].top_ids[k])));
+        json_array_append_new(content, json_pack("{s:o,s:o,s:o,s:o}", "token", token_json(rc, ids[i]), "logprob",
+                                                 jlogprob(lps[i].logprob), "bytes", bytes_json(rc, ids[i]),
+                                                 "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+static json_t *logprobs_json(const oai_resp_ctx *rc, const int32_t *ids, const token_logprob *lps, size_t n,
+                             size_t text_offset0) {
+    if (rc->logprobs < 0 || !lps) return json_null();
+    return rc->kind == OAI_CHAT ? chat_logprobs(rc, ids, lps, n) : completion_logprobs(rc, ids, lps, n, text_offset0);
+}
+
+static json_t *finish_json(finish_reason f) {
+    const char *s = oai_finish_str(f);
+    return s ? json_string(s) : json_null();
+}
+
+/* vLLM's stop_reason: the matched stop string, the stop token id, or null. */
+static json_t *stop_reason_json(finish_reason f, const char *stop_reason, int32_t stop_token_id) {
+    if (f != FINISH_STOP) return json_null();
+    if (stop_reason && stop_reason[0]) return jstr(stop_reason, strlen(stop_reason));
+    if (stop_token_id >= 0) return json_integer(stop_token_id);
+    return json_null();
+}
+
+static json_t *envelope(const oai_resp_ctx *rc, const char *object, json_t *choices) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", rc->id, "object", object, "created", (json_int_t)rc->created,
+                     "model", rc->model, "choices", choices);
+}
+
+static json_t *usage_json(int64_t p, int64_t c) {
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
+                     "total_tokens", (json_int_t)(p + c));
+}
+
+static char *dump(json_t *root, size_t *len) {
+    if (!root) return NULL;
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (s && len) *len = strlen(s);
+    return s;
+}
+
+static char *sse_wrap(char *json, size_t jl, size_t *len) {
+    if (!json) return NULL;
+    char *s = malloc(jl + 9);
+    if (!s) return free(json), NULL;
+    memcpy(s, "data: ", 6);
+    memcpy(s + 6, json, jl);
+    memcpy(s + 6 + jl, "\n\n", 3);
+    free(json);
+    if (len) *len = jl + 8;
+    return s;
+}
+
+/* ==== public builders ==== */
+char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_t n_choices, int64_t n_prompt_total,
+                        size_t *len) {
+    json_t *arr = json_array();
+    int64_t completion = 0;
+    for (size_t i = 0; i < n_choices; i++) {
+        const oai_choice *c = &choices[i];
+        completion += c->n_completion_tokens;
+        json_t *lp = logprobs_json(rc, c->ids, c->lps, c->n_lps, 0);
+        json_t *ch;
+        if (rc->kind == OAI_CHAT) {
+            json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
+            ch = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", c->index, "message", msg, "logprobs", lp,
+                           "finish_reason", finish_json(c->finish), "stop_reason",
+                           stop_reason_json(c->finish, c->stop_reason, c->stop_token_id));
+        } else {
+            ch = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", c->index, "text", jstr(c->text, c->text_len),
+                           "logprobs", lp, "finish_reason", finish_json(c->finish), "stop_reason",
+                           stop_reason_json(c->finish, c->stop_reason, c->stop_token_id));
+        }
+        if (!ch) return json_decref(arr), NULL;
+        json_array_append_new(arr, ch);
+    }
+    json_t *root = envelope(rc, rc->kind == OAI_CHAT ? "chat.completion" : "text_completion", arr);
+    if (root) json_object_set_new(root, "usage", usage_json(n_prompt_total, completion));
+    return dump(root, len);
+}
+
+char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, size_t text_len, const int32_t *ids,
+                    const token_logprob *lps, size_t n_lps, finish_reason finish, const char *stop_reason,
+                    int32_t stop_token_id, bool role_first, bool include_usage, size_t *len) {
+    json_t *lp = (n_lps && lps) ? logprobs_json(rc, ids, lps, n_lps, 0) : json_null();
+    json_t *ch;
+    if (rc->kind == OAI_CHAT) {
+        json_t *delta = json_object();
+        if (role_first) json_object_set_new(delta, "role", json_string("assistant"));
+        if (role_first || text_len) json_object_set_new(delta, "content", jstr(text, text_len));
+        ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, "delta", delta, "logprobs", lp, "finish_reason",
+                       finish_json(finish));
+    } else {
+        ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, "text", jstr(text, text_len), "logprobs", lp,
+                       "finish_reason", finish_json(finish));
+    }
+    if (!ch) return NULL;
+    if (finish != FINISH_NONE)
+        json_object_set_new(ch, "stop_reason", stop_reason_json(finish, stop_reason, stop_token_id));
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_t *root = envelope(rc, rc->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", arr);
+    if (root && include_usage) json_object_set_new(root, "usage", json_null());
+    size_t jl = 0;
+    char *j = dump(root, &jl);
+    return sse_wrap(j, jl, len);
+}
+
+char *oai_usage_sse(const oai_resp_ctx *rc, int64_t prompt_tokens, int64_t completion_tokens, size_t *len) {
+    json_t *root = envelope(rc, rc->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", json_array());
+    if (root) json_object_set_new(root, "usage", usage_json(prompt_tokens, completion_tokens));
+    size_t jl = 0;
+    char *j = dump(root, &jl);
+    return sse_wrap(j, jl, len);
+}
+
+char *oai_error_sse(const oai_error *e, size_t *len) {
+    size_t jl = 0;
+    char *j = oai_error_json(e, &jl);
+    return sse_wrap(j, jl, len);
+}
