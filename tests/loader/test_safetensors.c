@@ -205,6 +205,36 @@ static void test_round_trip(void **state) {
     assert_int_equal(access(p2, F_OK), -1);
 }
 
+/* The reference `safetensors` package (project venv, $SPECD_PYTHON) reads a
+ * file st_write produced and checks its values (st_check_written.py).
+ * BF16 is left out because numpy has no bfloat16. */
+static void test_python_reads_ours(void **state) {
+    (void)state;
+    const char *py = getenv("SPECD_PYTHON");
+    const char *src = getenv("SPECD_SOURCE_DIR");
+    if (!py || !src || access(py, X_OK) != 0) {
+        printf("skip part: SPECD_PYTHON not executable, the Python cross-check did not run\n");
+        skip();
+    }
+    float f[6] = {1.0f, -2.5f, 3.25f, 0.0f, -0.0f, 1e-30f};
+    uint16_t h[2] = {0x3c00, 0x8001};
+    int64_t i64[2] = {INT64_MIN, INT64_MAX};
+    uint8_t bools[5] = {1, 0, 0, 1, 1};
+    int32_t i32 = -7;
+    int64_t s23[2] = {2, 3}, s2[1] = {2}, s5[1] = {5}, s0[2] = {4, 0};
+    st_write_tensor ts[] = {
+        {"e.bool", ST_BOOL, 1, s5, bools}, {"a.f32", ST_F32, 2, s23, f}, {"c.f16", ST_F16, 1, s2, h},
+        {"d.i64", ST_I64, 1, s2, i64}, {"f.scalar", ST_I32, 0, NULL, &i32}, {"g.empty", ST_F32, 2, s0, NULL},
+    };
+    const char *meta[] = {"format", "pt", "writer", "specd", NULL};
+    char path[512], cmd[2048];
+    tmp_path(path, sizeof path, "for_python.safetensors");
+    specd_err err = {{0}};
+    assert_int_equal(st_write(path, ts, 6, meta, &err), 0);
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/loader/st_check_written.py' '%s'", py, src, path);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void write_text(const char *name, const char *text) {
     char p[512];
     tmp_path(p, sizeof p, name);
@@ -405,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_python_fixture),
         cmocka_unit_test_setup_teardown(test_round_trip, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_sharded, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_python_reads_ours, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncate_and_flip),
     };
