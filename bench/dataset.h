@@ -5,7 +5,7 @@
  * files (MT-bench {question_id, category, turns} -> first turn; GSM8K
  * {question, answer} -> question; HumanEval {prompt}; generic "jsonl" taking
  * the first of prompt | question | text | turns[0], with an optional
- * per-line output_len), plain or gzip-compressed (zlib reads both), and the
+ * per-line output_len), plain or gzip-compressed (name ending in .gz), and the
  * "random" workload: input and output lengths drawn uniformly from
  * [len * (1 - r), len * (1 + r)] (vLLM's --random-range-ratio) and text made
  * of words from a fixed list of common English words, chosen by the seeded
