@@ -239,7 +239,7 @@ void bench_spec_from_prom(const bench_prom *p, bench_spec_counters *c) {
 void bench_spec_diff(const bench_spec_counters *a, const bench_spec_counters *b,
                      bench_spec_counters *d) {
     memset(d, 0, sizeof *d);
-    d->has_spec = a->has_spec && b->has_spec;
+    d->has_spec = a->has_spec && b->has_spec && a->drafts > b->drafts; /* no drafts: nothing to report */
     d->drafts = a->drafts - b->drafts;
     d->draft_tokens = a->draft_tokens - b->draft_tokens;
     d->accepted = a->accepted - b->accepted;

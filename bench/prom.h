@@ -73,7 +73,9 @@ typedef struct bench_spec_counters {
 /* Extracts the counters from a parsed snapshot. */
 void bench_spec_from_prom(const bench_prom *p, bench_spec_counters *c);
 
-/* after - before, field by field (has_* from `after` and `before` both). */
+/* after - before, field by field. has_spec: both snapshots have the counters
+ * and the run made at least one draft (a server exporting zeros without a
+ * draft model reports no acceptance); has_tokens: both have the counter. */
 void bench_spec_diff(const bench_spec_counters *after, const bench_spec_counters *before,
                      bench_spec_counters *d);
 

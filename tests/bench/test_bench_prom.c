@@ -104,6 +104,10 @@ static void test_spec_difference(void **state) {
     assert_true(fabs(bench_spec_pos_rate(&d, 2) - 0.3) < 1e-15);
     assert_true(isnan(bench_spec_pos_rate(&d, 3)));
     assert_true(d.generation_tokens == 300 && d.prompt_tokens == 120);
+    /* the same snapshot twice: counters exist but no draft was made in between */
+    bench_spec_diff(&ca, &ca, &d);
+    assert_false(d.has_spec);
+    assert_true(d.has_tokens && d.generation_tokens == 0);
     bench_prom_destroy(a);
     bench_prom_destroy(b);
 }
