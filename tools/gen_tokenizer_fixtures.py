@@ -346,7 +346,15 @@ def main():
                 c["ids"], c["mask"] = chat_expected(tok, text, msgs, default_system)
                 assert c["ids"] == c["ids_plain"]
             convs.append(c)
-    chat = {"template": tpl, "default_system": default_system, "conversations": convs}
+    # a caller-chosen default system prompt: the same template with its
+    # default text replaced, rendered by jinja2
+    custom = "Custom system prompt, with <|im_end|> inside."
+    tpl_custom = tpl.replace(default_system, custom)
+    assert tpl_custom != tpl
+    custom_cases = [{"messages": m, "add_generation_prompt": True, "default_system": custom,
+                     "rendered": render(tpl_custom, m, True)} for m in CONVERSATIONS[:3]]
+    chat = {"template": tpl, "default_system": default_system, "conversations": convs,
+            "custom_system": custom_cases}
     with open(os.path.join(OUT, "smollm2_chat.json"), "w") as f:
         json.dump(chat, f, ensure_ascii=True, indent=None, separators=(",", ":"))
 

@@ -334,7 +334,7 @@ int tok_finish(tokenizer *t, specd_err *err) {
     }
     if (n_bytes < 128)
         return specd_err_set(err, "tokenizer: only %d of 256 single-byte tokens: not a byte-level vocabulary", n_bytes);
-    if (n_bytes < 256) LOG_INFO("tokenizer: %d byte values have no token and are dropped by encode", 256 - n_bytes);
+    if (n_bytes < 256) LOG_DEBUG("tokenizer: %d byte values have no token and are dropped by encode", 256 - n_bytes);
     size_t n_added = 0;
     for (int32_t id = 0; id < t->n_vocab; id++)
         if ((t->attr[id] & (TOK_ATTR_SPECIAL | TOK_ATTR_ADDED)) && t->tok_len[id] > 0) n_added++;

@@ -15,13 +15,13 @@
 #include "engine/loader/gguf.h"
 #include "engine/tokenizer/tokenizer.h"
 
-static const char *fx_env(const char *name) {
+static inline const char *fx_env(const char *name) {
     const char *v = getenv(name);
     return v && v[0] ? v : NULL;
 }
 
 /* Exits 77 (skip) if the model is absent. */
-static void fx_require_model(void) {
+static inline void fx_require_model(void) {
     const char *p = fx_env("SPECD_MODEL_GGUF");
     FILE *f = p ? fopen(p, "rb") : NULL;
     if (!f) {
@@ -31,7 +31,7 @@ static void fx_require_model(void) {
     fclose(f);
 }
 
-static json_t *fx_load_json(const char *name) {
+static inline json_t *fx_load_json(const char *name) {
     char path[4096];
     const char *src = fx_env("SPECD_SOURCE_DIR");
     snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/%s", src ? src : ".", name);
@@ -45,7 +45,7 @@ static json_t *fx_load_json(const char *name) {
 }
 
 /* Hex string -> malloc'd bytes (NUL-terminated for convenience). */
-static char *fx_unhex(const char *hex, size_t *len) {
+static inline char *fx_unhex(const char *hex, size_t *len) {
     size_t n = strlen(hex) / 2;
     char *b = malloc(n + 1);
     for (size_t i = 0; i < n; i++) {
@@ -59,14 +59,14 @@ static char *fx_unhex(const char *hex, size_t *len) {
 }
 
 /* JSON int array -> malloc'd int32 array. */
-static int32_t *fx_ids(const json_t *arr, size_t *n) {
+static inline int32_t *fx_ids(const json_t *arr, size_t *n) {
     *n = json_array_size(arr);
     int32_t *v = malloc((*n ? *n : 1) * sizeof *v);
     for (size_t i = 0; i < *n; i++) v[i] = (int32_t)json_integer_value(json_array_get(arr, i));
     return v;
 }
 
-static int fx_ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb, const char *what, size_t idx) {
+static inline int fx_ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb, const char *what, size_t idx) {
     if (na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0)) return 1;
     fprintf(stderr, "%s #%zu: ids differ (got %zu, want %zu)\n  got: ", what, idx, na, nb);
     for (size_t i = 0; i < na && i < 40; i++) fprintf(stderr, "%d ", a[i]);
@@ -78,7 +78,7 @@ static int fx_ids_equal(const int32_t *a, size_t na, const int32_t *b, size_t nb
 
 static gguf_file *fx_gguf;
 
-static tokenizer *fx_smollm2(void) {
+static inline tokenizer *fx_smollm2(void) {
     specd_err err = {0};
     if (!fx_gguf && gguf_open(fx_env("SPECD_MODEL_GGUF"), &fx_gguf, &err) < 0) {
         fprintf(stderr, "gguf_open: %s\n", err.msg);
