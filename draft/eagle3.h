@@ -44,11 +44,12 @@
  *     the next propose/extend overwrites them with real pairs once verified
  *     tokens and their features arrive, so no rollback call is needed after a
  *     verify. truncate(seq, n) forgets tokens at positions >= n and features at
- *     >= n. The draft keeps its last real pair recomputable, so a truncate
- *     that reaches below it (n < last real pair + 2: preemption, rewrites)
- *     drops the window: tokens from position n - 1 and features from n - 2 on
- *     must then be re-sent with extend (re-sending from 0 is always fine:
- *     positions the draft already holds are skipped).
+ *     >= n. The draft keeps the inputs of its last real pair (position
+ *     n_tok - 2 at its last propose) and everything after; a truncate to n at
+ *     or below that position (preemption) drops them: the features from
+ *     position n - 1 on must then be re-sent with extend (re-sending from 0 is
+ *     always fine: positions the draft already holds are skipped). Until they
+ *     are, propose returns -1 for the sequence.
  * Threading: engine thread only.
  */
 #ifndef SPECD_DRAFT_EAGLE3_H

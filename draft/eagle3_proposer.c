@@ -17,7 +17,7 @@
  *           batched over sequences).
  * Draft KV positions >= the last real pair + 1 hold speculative entries of
  * the last chain; they are overwritten by real pairs as they arrive.
- * Invariants: n_kv <= max(n_tok - 2, 0) after every call; n_kv <= n_feat <= n_tok; the block
+ * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose); n_kv <= n_feat <= n_tok; the block
  * table covers every position written.
  * Threading: engine thread only.
  */
@@ -131,12 +131,11 @@ static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
     if (n < 0) n = 0;
     if (s->n_tok > n) s->n_tok = n;
     if (s->n_feat > n) s->n_feat = n;
-    /* the last real pair (n_tok - 2) must stay recomputable: n_kv <= n_tok - 2 */
-    int32_t max_kv = s->n_tok > 2 ? s->n_tok - 2 : 0;
-    if (s->n_kv > max_kv) { /* cut into settled entries: the window is gone */
-        s->n_kv = max_kv;
-        s->n_feat = max_kv;
-        if (s->n_tok > max_kv + 1) s->n_tok = max_kv + 1;
+    if (n <= s->n_kv) {
+        /* settled pairs t >= n - 1 used a token now gone; the window before
+         * the old n_kv was never kept: features from n - 1 must be re-sent */
+        s->n_kv = n > 0 ? n - 1 : 0;
+        s->n_feat = s->n_kv;
     }
     seq_release_blocks(P, s, s->n_tok);
 }
