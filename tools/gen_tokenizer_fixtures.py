@@ -285,6 +285,11 @@ def main():
         tf.save_pretrained(tmp)
         with open(os.path.join(tmp, "tokenizer.json")) as f:
             tj = json.load(f)
+        with open(os.path.join(tmp, "tokenizer_config.json")) as f:
+            tcfg = json.load(f)
+        tcfg.pop("model_max_length", None)  # a 1e30 float; irrelevant
+        jinja_path = os.path.join(tmp, "chat_template.jinja")
+        tjinja = open(jinja_path).read() if os.path.exists(jinja_path) else None
     tftok = Tokenizer.from_str(json.dumps(tj))
     # the C test rebuilds vocab/merges from the GGUF: check that this
     # reconstruction is exactly what transformers wrote
@@ -359,7 +364,8 @@ def main():
         json.dump(chat, f, ensure_ascii=True, indent=None, separators=(",", ":"))
 
     with open(os.path.join(OUT, "smollm2_hf_skeleton.json"), "w") as f:
-        json.dump({"smollm2": skel, "transformers_gguf": skel_tf}, f, ensure_ascii=True, indent=1)
+        json.dump({"smollm2": skel, "transformers_gguf": skel_tf, "tokenizer_config": tcfg,
+                   "chat_template_jinja": tjinja}, f, ensure_ascii=True, indent=1)
     print("strings: %d (%d where transformers' GGUF conversion differs), conversations: %d" %
           (len(items), n_diff_tf, len(convs)))
 

@@ -312,6 +312,16 @@ static void add_stop(tokenizer *t, int32_t id) {
     t->stop[t->n_stop++] = id;
 }
 
+void tok_set_stops(tokenizer *t) {
+    t->n_stop = 0;
+    add_stop(t, t->eos);
+    static const char *const stop_names[] = {"<|im_end|>", "<|endoftext|>", "[EOS]", "<|eot_id|>"};
+    for (size_t i = 0; i < sizeof stop_names / sizeof stop_names[0]; i++) {
+        int32_t id = tok_strmap_get(&t->by_bytes, stop_names[i], strlen(stop_names[i]));
+        if (id >= 0 && (t->attr[id] & TOK_ATTR_SPECIAL)) add_stop(t, id);
+    }
+}
+
 int tok_finish(tokenizer *t, specd_err *err) {
     /* plain: the BPE vocabulary; lowest id wins among duplicates (iterate
      * downwards so the lowest is written last). by_bytes: the same plus the
@@ -352,13 +362,7 @@ int tok_finish(tokenizer *t, specd_err *err) {
     for (size_t i = 0; i < t->n_added; i++) t->added_start[(unsigned char)t->arena[t->tok_off[t->added[i]]] + 1]++;
     for (int b = 0; b < 256; b++) t->added_start[b + 1] += t->added_start[b];
 
-    t->n_stop = 0;
-    add_stop(t, t->eos);
-    static const char *const stop_names[] = {"<|im_end|>", "<|endoftext|>", "[EOS]", "<|eot_id|>"};
-    for (size_t i = 0; i < sizeof stop_names / sizeof stop_names[0]; i++) {
-        int32_t id = tok_strmap_get(&t->by_bytes, stop_names[i], strlen(stop_names[i]));
-        if (id >= 0 && (t->attr[id] & TOK_ATTR_SPECIAL)) add_stop(t, id);
-    }
+    tok_set_stops(t);
     return 0;
 oom:
     return specd_err_set(err, "tokenizer: out of memory");
