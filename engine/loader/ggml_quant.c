@@ -22,13 +22,21 @@
  * written so that each output is computed with the same float operations in
  * the same order as that reference and as the `gguf` Python package
  * (gguf.quants), which the tests compare against bit for bit. Do not reorder
- * them (and do not build this file with FMA contraction enabled).
+ * them; FMA contraction is switched off below for the same reason.
  *
  * Threading: reentrant.
  */
 #include "engine/loader/gguf.h"
 
 #include <string.h>
+
+/* Keep a*b+c as two roundings even when built with FMA available
+ * (-march=native): the bit-exact tests against gguf.quants depend on it. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 /* ---------------------------------------------------------------- scalars */
 
