@@ -368,6 +368,12 @@ static json_t *load_json_file(const char *path, specd_err *err) {
     return j;
 }
 
+static int join_path(char *out, size_t cap, const char *dir, const char *name, specd_err *err) {
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return specd_err_set(err, "safetensors: path %s/%s is too long", dir, name);
+    return 0;
+}
+
 /* A shard name from weight_map: a plain file name inside the directory. */
 static int shard_name_ok(const char *s) {
     return s[0] != '\0' && strchr(s, '/') == NULL && strchr(s, '\\') == NULL && strstr(s, "..") == NULL;
@@ -375,7 +381,7 @@ static int shard_name_ok(const char *s) {
 
 static int open_sharded(const char *dir, st_model **out, specd_err *err) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, ST_INDEX_NAME);
+    if (join_path(path, sizeof path, dir, ST_INDEX_NAME, err)) return -1;
     json_t *idx = load_json_file(path, err);
     if (!idx) return -1;
     st_model *m = NULL;
@@ -414,7 +420,7 @@ static int open_sharded(const char *dir, st_model **out, specd_err *err) {
     m = model_new(n_names, err);
     if (!m) goto fail;
     for (int k = 0; k < n_names; k++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[k]);
+        if (join_path(path, sizeof path, dir, names[k], err)) goto fail;
         m->shards[k].name = strdup(names[k]);
         if (!m->shards[k].name) {
             specd_err_set(err, "safetensors: out of memory");
@@ -457,7 +463,7 @@ int st_open(const char *path, st_model **out, specd_err *err) {
     if (stat(path, &st) != 0) return specd_err_set(err, "safetensors: cannot stat %s: %s", path, strerror(errno));
     if (!S_ISDIR(st.st_mode)) return open_single(path, path, out, err);
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s", path, ST_INDEX_NAME);
+    if (join_path(p, sizeof p, path, ST_INDEX_NAME, err)) return -1;
     if (access(p, F_OK) == 0) return open_sharded(path, out, err);
     DIR *d = opendir(path);
     if (!d) return specd_err_set(err, "safetensors: cannot list %s: %s", path, strerror(errno));
@@ -471,7 +477,7 @@ int st_open(const char *path, st_model **out, specd_err *err) {
     closedir(d);
     if (n != 1)
         return specd_err_set(err, "safetensors: %s has no %s and %d *.safetensors files (need exactly one)", path, ST_INDEX_NAME, n);
-    snprintf(p, sizeof p, "%s/%s", path, found);
+    if (join_path(p, sizeof p, path, found, err)) return -1;
     return open_single(p, found, out, err);
 }
 
