@@ -282,6 +282,13 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "sel_ids": SEL_IDS,
         "rope": rope_facts(model, cfg),
+        "rms_norm_eps": {   # transformers builds the q_a/kv_a norms without passing rms_norm_eps
+            "input_layernorm": model.model.layers[0].input_layernorm.variance_epsilon,
+            "post_attention_layernorm": model.model.layers[0].post_attention_layernorm.variance_epsilon,
+            "final_norm": model.model.norm.variance_epsilon,
+            "q_a_layernorm": model.model.layers[0].self_attn.q_a_layernorm.variance_epsilon,
+            "kv_a_layernorm": model.model.layers[0].self_attn.kv_a_layernorm.variance_epsilon,
+        },
         "prompts": prompts_out,
     }
     os.makedirs(a.out, exist_ok=True)
