@@ -357,8 +357,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     int status = r->status ? r->status : 500;
     if (r->client_gone) status = 499; /* nginx's "client closed request" */
     metrics_request(r->srv->metrics, r->endpoint, status);
-    if (r->route == R_COMPLETIONS || r->route == R_CHAT || status >= 400 || r->route == R_TOKENIZE ||
-        r->route == R_DETOKENIZE) {
+    bool generation = r->route == R_COMPLETIONS || r->route == R_CHAT || r->route == R_TOKENIZE ||
+                      r->route == R_DETOKENIZE;
+    if (!generation && r->route != R_HEALTH && r->route != R_METRICS && status >= 400)
+        LOG_INFO("request - %s status=%d total_ms=%.1f", r->endpoint, status, total * 1e3);
+    if (generation) {
         if (r->n_streams && !r->client_gone && r->status == 200) {
             double tpot = -1;
             int64_t per = r->n_streams ? r->completion_tokens_total / (int64_t)r->n_streams : 0;

@@ -62,9 +62,10 @@ static int out_append(http_req *r, const char *s, size_t n) {
     return 0;
 }
 
-static int out_take(http_req *r, char *frame, size_t n) {
+/* Appends a malloc'd NUL-terminated frame and frees it (-1 if FRAME is NULL). */
+static int out_take(http_req *r, char *frame) {
     if (!frame) return -1;
-    int rc = out_append(r, frame, n);
+    int rc = out_append(r, frame, strlen(frame));
     free(frame);
     return rc;
 }
@@ -205,14 +206,13 @@ static int pump(http_req *r) {
                     oai_error e;
                     oai_error_set(&e, 500, NULL, "%s", r->error_msg);
                     size_t n = 0;
-                    rc = out_take(r, oai_error_sse(&e, &n), n);
+                    rc = out_take(r, oai_error_sse(&e, &n));
                 } else if (o->text_len || lp || o->finish != FINISH_NONE) {
                     size_t n = 0;
                     rc = out_take(r,
                                   oai_chunk_sse(&r->rc, c->index, o->text, o->text_len, o->token_ids, lp ? o->logprobs : NULL,
                                                 lp ? o->n_tokens : 0, o->finish, o->stop_reason, o->stop_token_id, false,
-                                                r->oreq.include_usage, &n),
-                                  n);
+                                                r->oreq.include_usage, &n));
                 }
             } else {
                 rc = oai_choice_add(c, o);
@@ -225,7 +225,7 @@ static int pump(http_req *r) {
     if (r->phase == PH_STREAM && r->n_done == (int)r->n_streams && !r->sse_finished) {
         if (r->oreq.include_usage) {
             size_t n = 0;
-            if (out_take(r, oai_usage_sse(&r->rc, r->prompt_tokens_total, r->completion_tokens_total, &n), n)) return -1;
+            if (out_take(r, oai_usage_sse(&r->rc, r->prompt_tokens_total, r->completion_tokens_total, &n))) return -1;
         }
         if (out_append(r, OAI_SSE_DONE, strlen(OAI_SSE_DONE))) return -1;
         r->sse_finished = true;
@@ -337,7 +337,7 @@ static enum MHD_Result start_stream(http_req *r) {
         } else {
             continue;
         }
-        if (out_take(r, f, n)) return MHD_NO;
+        if (out_take(r, f)) return MHD_NO;
     }
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, r, NULL);
     if (!resp) return MHD_NO;
