@@ -266,10 +266,90 @@ def chat_plain_ids(tok, messages, default_system, gen):
     return ids
 
 
+# --------------------------------------------------------------------- Kimi
+
+KIMI_PATTERN = "|".join([  # tokenization_kimi.py / REFERENCE.md section 1, Rust-regex syntax
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+KIMI_NAMED = {163584: "[BOS]", 163585: "[EOS]", 163586: "<|im_end|>", 163587: "<|im_user|>",
+              163588: "<|im_assistant|>", 163590: "<|start_header_id|>", 163591: "<|end_header_id|>",
+              163593: "[EOT]", 163594: "<|im_system|>", 163595: "<|tool_calls_section_begin|>",
+              163596: "<|tool_calls_section_end|>", 163597: "<|tool_call_begin|>",
+              163598: "<|tool_call_argument_begin|>", 163599: "<|tool_call_end|>", 163601: "<|im_middle|>",
+              163602: "<|media_begin|>", 163603: "<|media_content|>", 163604: "<|media_end|>",
+              163605: "<|media_pad|>", 163606: "<think>", 163607: "</think>", 163838: "[UNK]", 163839: "[PAD]"}
+
+
+def kimi_strings():
+    base = [b.decode("utf-8") for b in hand_strings() + corpus_strings()]
+    base += [
+        "Hello, world! 你好，世界！", "今天天气很好，我们去公园散步吧。", "机器学习是人工智能的一个分支。",
+        "東京は日本の首都です。", "ひらがなとカタカナと漢字", "カタカナだけ", "私はKimiです。よろしくお願いします！",
+        "中文English混合123测试", "Python是一种编程语言，version 3.12", "汉字Han字ABC", "ＡＢＣ全角", "㊙️㊗️",
+        "「引用」『二重』【括弧】", "价格：￥1,299.00元", "第1章 第2节 第345页", "一二三四五六七八九十百千万亿",
+        "I'M HERE, YOU'RE THERE", "McDonald's iPhone eBay", "HTTPServer XMLHttpRequest", "ÀÉÎÕÜ àéîõü",
+        "ΑΒΓ αβγ", "ДОБРО пожаловать", "Straße STRASSE", "ǅungla ǈubav", "ʰʲʷ modifiers", "a\u0301b\u0301C\u0301",
+        "\U00020000\U0002A700 ext-B/C Han", "한국어와 中文 그리고 日本語", "Tiếng Việt 越南语", "ไทย中文",
+        "    def f():\n        return '中文'\n", "// 注释 comment\nint x = 1;", "<think>推理</think>答案",
+        "<|im_user|>user<|im_middle|>hi<|im_end|>", "[BOS]text[EOS]", "<|reserved_token_163700|>",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+        "12345678", "3.1415926535", "１２３", "٣٤٥٦", "Ⅷ", "2026年11月29日", "\r\n\r\n", "   \n\n   ", "\t\t\n",
+        "x" * 300, "中" * 100, "😀" * 30, " " * 100,
+    ]
+    rng = random.Random(99)
+    pool = (list("abcXYZ019 \t\n'.,!?-_()[]{}<>|:;") + ["  ", "\n\n", "'s", "'LL", "<|im_end|>", "<think>"]
+            + list("中文日本語漢字ひらがなカタカナ한국어éüßçñΩπДд١٢") + ["😀", "👍🏽", "👨‍👩‍👧", "\u0301", "\u00a0", "\u3000",
+            "，", "。", "！", "「", "」"])
+    base += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 50))) for _ in range(200)]
+    out, seen = [], set()
+    for x in base:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+def gen_kimi(ranks_path):
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    ranks = load_tiktoken_bpe(ranks_path)
+    n_base = len(ranks)
+    specials = {KIMI_NAMED.get(i, "<|reserved_token_%d|>" % i): i for i in range(n_base, n_base + 256)}
+    enc = tiktoken.Encoding(name="kimi", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    vec = enc.encode("Hello, world! 你好，世界！", allowed_special="all")
+    assert vec == [19180, 11, 2695, 0, 220, 33845, 378, 2243, 856], vec  # REFERENCE.md section 1
+    items = []
+    for s in kimi_strings():
+        ids = enc.encode(s, allowed_special="all", disallowed_special=())
+        ids_plain = enc.encode_ordinary(s)
+        assert enc.decode_bytes(ids) == s.encode("utf-8")
+        items.append({"hex": s.encode("utf-8").hex(), "ids": ids, "ids_plain": ids_plain})
+    assert len(items) >= 500, len(items)
+    with open(os.path.join(OUT, "kimi_strings.json"), "w") as f:
+        json.dump({"source": "tiktoken %s, Kimi K2 tiktoken.model, tokenization_kimi.py pattern" %
+                   tiktoken.__version__ if hasattr(tiktoken, "__version__") else "tiktoken",
+                   "count": len(items), "strings": items}, f, ensure_ascii=True, separators=(",", ":"))
+    print("kimi strings: %d" % len(items))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--kimi-ranks", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "kimi-k2",
+                                                         "tiktoken.model"))
+    ap.add_argument("--only", choices=["smollm2", "kimi"])
     a = ap.parse_args()
+    if a.only != "smollm2":
+        gen_kimi(a.kimi_ranks)
+    if a.only == "kimi":
+        return 0
     tokens, types, merges, tpl = read_gguf(a.gguf)
     assert tokens[1] == "<|im_start|>" and tokens[2] == "<|im_end|>"
     tok = build_reference(tokens, types, merges)

@@ -39,12 +39,14 @@ const char *const TOK_RE_LLAMA3 =
 /* Kimi K2: the published pattern uses the class intersection
  * [\p{Lu}...&&[^\p{Han}]] (Rust regex syntax). PCRE2 has no intersection (it
  * silently parses "&&[" as literals), so each class becomes a negative
- * lookahead for Han followed by the class. */
-#define KIMI_UP "(?:(?!\\p{Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
-#define KIMI_LO "(?:(?!\\p{Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+ * lookahead for Han followed by the class. And \p{Han} is written \p{sc:Han}:
+ * since 10.40 PCRE2's bare \p{Han} tests Script_Extensions (so U+3002 "。" and
+ * U+300C "「" are Han), while Rust regex (tiktoken) tests the Script property. */
+#define KIMI_UP "(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
+#define KIMI_LO "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
 #define KIMI_CONTR "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
 const char *const TOK_RE_KIMI =
-    "[\\p{Han}]+"
+    "[\\p{sc:Han}]+"
     "|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP "*" KIMI_LO "+" KIMI_CONTR
     "|[^\\r\\n\\p{L}\\p{N}]?" KIMI_UP "+" KIMI_LO "*" KIMI_CONTR
     "|\\p{N}{1,3}"

@@ -26,6 +26,14 @@ int tok_create_from_gguf(const gguf_file *f, tokenizer **out, specd_err *err);
 /* Loads from a Hugging Face tokenizer.json (+ optional tokenizer_config.json
  * in the same directory for the chat template and special tokens). */
 int tok_create_from_hf(const char *tokenizer_json_path, tokenizer **out, specd_err *err);
+/* Loads a tiktoken ranks file ("base64 rank" lines; Kimi K2/K2.5's
+ * tiktoken.model) with the 256 reserved special ids after the ranks.
+ * CONFIG_JSON (tokenizer_config.json: added_tokens_decoder names, bos/eos,
+ * chat_template) may be NULL: Kimi-K2.5's names are built in. */
+int tok_create_from_tiktoken(const char *ranks_path, const char *config_json, tokenizer **out, specd_err *err);
+/* A model directory: tokenizer.json (tok_create_from_hf) or tiktoken.model
+ * (+ tokenizer_config.json). */
+int tok_create_from_dir(const char *dir, tokenizer **out, specd_err *err);
 void tok_destroy(tokenizer *t); /* NULL ok */
 
 int32_t tok_vocab_size(const tokenizer *t);
