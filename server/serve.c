@@ -16,9 +16,9 @@
  *
  * systemd (when built with libsystemd): STATUS= lines for each phase,
  * READY=1 after the warm-up, STOPPING=1 at drain, WATCHDOG=1 from a timer
- * thread at half of WatchdogSec but only while the engine loop has completed
- * an iteration within WatchdogSec/2, so a hung engine stops the pings and
- * systemd restarts the service.
+ * thread every WatchdogSec/2 but only while the engine loop has completed an
+ * iteration within max(WatchdogSec/2, 3 s) (the idle loop ticks once a
+ * second), so a hung engine stops the pings and systemd restarts the service.
  *
  * Threading: main thread owns the lifecycle; the signal and watchdog threads
  * only read atomics and call thread-safe functions (auth_reload, sd_notify,
@@ -92,7 +92,8 @@ static void *watchdog_thread(void *arg) {
         nanosleep(&ts, NULL);
         engine *e = atomic_load(&c->eng);
         double age = e ? engine_loop_age_s(e) : 0.0; /* loading: the load itself is covered by TimeoutStartSec */
-        if (age < limit_s / 2) NOTIFY("WATCHDOG=1");
+        /* the idle loop ticks every second: never demand less than 3 s */
+        if (age < (limit_s / 2 > 3.0 ? limit_s / 2 : 3.0)) NOTIFY("WATCHDOG=1");
         else LOG_WARN("watchdog: engine loop silent for %.1f s; not pinging systemd", age);
     }
     return NULL;

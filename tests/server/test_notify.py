@@ -1,0 +1,148 @@
+"""systemd integration of `specd serve` (issue 9), without systemd:
+
+- NOTIFY_SOCKET points at a Unix datagram socket this test listens on;
+  READY=1 must arrive only once a request can be served (a completion sent
+  right after READY succeeds), after STATUS= lines; WATCHDOG=1 pings arrive
+  while idle and while busy (WATCHDOG_USEC=2 s); STOPPING=1 arrives on SIGTERM
+  and the process exits 0.
+- `specd serve --check-config` accepts a good setup and rejects a missing
+  model, an unreadable API key file and a draft directory without config.json,
+  without binding a port.
+
+Exit 77 (skipped) when the binary or model is missing, or when the binary was
+built without libsystemd (detected as: not a single datagram arrived).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+BUILD = os.environ.get("SPECD_BUILD_DIR", "")
+MODEL = os.environ.get("SPECD_MODEL_GGUF", "")
+SPECD = os.path.join(BUILD, "server", "specd")
+if not os.access(SPECD, os.X_OK) or not os.path.exists(MODEL):
+    print(f"skip: need {SPECD} and {MODEL}")
+    sys.exit(77)
+
+COMMON = ["--max-model-len", "256", "--kv-cache-memory", "64M", "--threads", "1"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def check_config():
+    def run(*args):
+        return subprocess.run([SPECD, "serve", *args, "--check-config"], capture_output=True, timeout=120)
+
+    r = run(MODEL, *COMMON)
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"ok" in r.stdout
+    r = run("/nonexistent/model.gguf")
+    assert r.returncode == 1 and b"not readable" in r.stderr, r.stderr
+    r = run(MODEL, "--api-key-file", "/nonexistent/key")
+    assert r.returncode == 1 and b"cannot open" in r.stderr, r.stderr
+    with tempfile.TemporaryDirectory() as d:
+        r = run(MODEL, "--draft", d)
+        assert r.returncode == 1 and b"config.json" in r.stderr, r.stderr
+    r = run(MODEL, "--port", "0")
+    assert r.returncode == 1 and b"below the minimum" in r.stderr, r.stderr
+    r = run(MODEL, "--speculative-config", '{"method":"medusa","model":"/x"}')
+    assert r.returncode == 1 and b"method" in r.stderr, r.stderr
+    print("check-config: ok")
+
+
+def notify():
+    tmp = tempfile.mkdtemp(prefix="specd_notify_")
+    path = os.path.join(tmp, "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    msgs = []  # (time, message)
+    stop = threading.Event()
+
+    def listen():
+        while not stop.is_set():
+            try:
+                data = sock.recv(4096)
+            except socket.timeout:
+                continue
+            for line in data.decode().split("\n"):
+                if line:
+                    msgs.append((time.time(), line))
+
+    th = threading.Thread(target=listen, daemon=True)
+    th.start()
+    port = free_port()
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="2000000", OMP_NUM_THREADS="1")
+    env.pop("WATCHDOG_PID", None)
+    log = tempfile.NamedTemporaryFile(prefix="specd_notify_", suffix=".log", delete=False)
+    proc = subprocess.Popen([SPECD, "serve", MODEL, "--port", str(port), *COMMON], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def complete(max_tokens):
+        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
+            {"prompt": "Hello", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(m == "READY=1" for _, m in msgs):
+            assert proc.poll() is None, open(log.name).read()
+            time.sleep(0.05)
+        if not msgs:
+            print("skip: no sd_notify datagrams (binary built without libsystemd?)")
+            return 77
+        assert any(m == "READY=1" for _, m in msgs), msgs
+        # READY means serving: the very next request succeeds
+        out = complete(2)
+        assert out["usage"]["completion_tokens"] == 2
+        statuses = [m for _, m in msgs if m.startswith("STATUS=")]
+        ready_i = [m for _, m in msgs].index("READY=1")
+        assert any(m.startswith("STATUS=loading") for m in [m for _, m in msgs][:ready_i]), msgs
+        assert any(m.startswith("STATUS=serving") for m in statuses), statuses
+        # idle pings
+        t0 = time.time()
+        time.sleep(3.5)
+        idle = [t for t, m in msgs if m == "WATCHDOG=1" and t >= t0]
+        assert len(idle) >= 2, msgs[-10:]
+        # busy pings: a long generation
+        t1 = time.time()
+        done = threading.Event()
+        threading.Thread(target=lambda: (complete(60), done.set()), daemon=True).start()
+        time.sleep(3.5)
+        busy = [t for t, m in msgs if m == "WATCHDOG=1" and t >= t1]
+        assert len(busy) >= 2, msgs[-10:]
+        done.wait(600)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, open(log.name).read()
+        time.sleep(0.3)
+        assert any(m == "STOPPING=1" for _, m in msgs), msgs[-10:]
+        print(f"notify: ok ({len(msgs)} messages, {len(idle)} idle / {len(busy)} busy pings)")
+        return 0
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()
+        os.unlink(path)
+        os.rmdir(tmp)
+
+
+if __name__ == "__main__":
+    check_config()
+    sys.exit(notify())
