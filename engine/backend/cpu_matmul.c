@@ -113,208 +113,221 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* ------------------------------------------------------------- row dots */
-/* Each returns dot(row, x) for one weight row and one activation row of n. */
+/* ------------------------------------------------------------- row dots
+ *
+ * A weight row is first unpacked (exactly: small integers or bf16/f16 values
+ * are representable in f32) into qf[cols] plus per-block scales d[] and mins
+ * m[]; then dotted with one or four activation rows. The arithmetic applied to
+ * one token is identical in dot1 and dot4 (same operations, same order), so
+ * y[t][r] does not depend on how many tokens share the step.
+ *   plain rows (f32/bf16/f16):  sum over 8-lane FMA chain, fixed hsum.
+ *   block rows (Q8_0/Q4_0/Q4_1): per 32-block s_b = q.x (4 x 8-lane FMA),
+ *     acc = fma(d_b, s_b, acc); accm += m_b * xs_b (Q4_1: m_b = min;
+ *     Q4_0: m_b = -8 d_b, i.e. d(q-8)); y = hsum(acc) + accm.
+ */
 
-static float dot_f32_scalar(const uint8_t *w, const float *x, int64_t n) {
-    float acc[8] = {0};
-    const float *wf = (const float *)(const void *)w;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) for (int l = 0; l < 8; l++) acc[l] += wf[i + l] * x[i + l];
-    float s = 0;
-    for (int l = 0; l < 8; l++) s += acc[l];
-    for (; i < n; i++) s += wf[i] * x[i];
-    return s;
-}
+typedef struct row_buf {
+    float *qf;   /* [cols] */
+    float *d;    /* [cols/32] */
+    float *m;    /* [cols/32] */
+    int blocked; /* 1: block formula, 0: plain dot */
+    int has_m;
+} row_buf;
 
-__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const uint8_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    const float *wf = (const float *)(const void *)w;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wf + i), _mm256_loadu_ps(x + i), acc);
-    float s = hsum8(acc);
-    for (; i < n; i++) s += wf[i] * x[i];
-    return s;
-}
-
-__attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const uint8_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(w + 2 * i));
-        __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), acc);
-    }
-    float s = hsum8(acc);
-    for (; i < n; i++) { uint16_t h; memcpy(&h, w + 2 * i, 2); s += bf16_to_f32(h) * x[i]; }
-    return s;
-}
-
-__attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const uint8_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(w + 2 * i));
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(x + i), acc);
-    }
-    float s = hsum8(acc);
-    for (; i < n; i++) { uint16_t h; memcpy(&h, w + 2 * i, 2); s += fp16_to_f32(h) * x[i]; }
-    return s;
-}
-
-/* Q8_0: sum_b d_b * sum_i q_i x_i. */
-__attribute__((target("avx2,fma,f16c"))) static float dot_q8_0_avx2(const uint8_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++, w += 34, x += 32) {
-        uint16_t d16; memcpy(&d16, w, 2);
-        __m256 d = _mm256_set1_ps(fp16_to_f32(d16));
-        __m256 s = _mm256_setzero_ps();
-        for (int g = 0; g < 4; g++) {
-            __m128i q8 = _mm_loadl_epi64((const __m128i *)(const void *)(w + 2 + 8 * g));
-            __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-            s = _mm256_fmadd_ps(qf, _mm256_loadu_ps(x + 8 * g), s);
+__attribute__((target("avx2,fma,f16c"))) static void unpack_row_avx2(const bk_weight *w, int64_t r, row_buf *rb) {
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    const int64_t n = w->cols, nb = n / 32;
+    const __m128i lomask = _mm_set1_epi8(0x0f);
+    switch (w->type) {
+    case BK_W_Q4_1:
+    case BK_W_Q4_0: {
+        const int q41 = w->type == BK_W_Q4_1;
+        const size_t bs = q41 ? 20 : 18, qo = q41 ? 4 : 2;
+        for (int64_t b = 0; b < nb; b++, p += bs) {
+            uint16_t d16; memcpy(&d16, p, 2);
+            rb->d[b] = fp16_to_f32(d16);
+            if (q41) { uint16_t m16; memcpy(&m16, p + 2, 2); rb->m[b] = fp16_to_f32(m16); }
+            else rb->m[b] = -8.0f * rb->d[b];
+            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
+            __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
+            float *q = rb->qf + b * 32;
+            _mm256_storeu_ps(q, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)));
+            _mm256_storeu_ps(q + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))));
+            _mm256_storeu_ps(q + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
+            _mm256_storeu_ps(q + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
         }
-        acc = _mm256_fmadd_ps(d, s, acc);
+        rb->blocked = 1;
+        rb->has_m = 1;
+        return;
     }
-    return hsum8(acc);
+    case BK_W_Q8_0:
+        for (int64_t b = 0; b < nb; b++, p += 34) {
+            uint16_t d16; memcpy(&d16, p, 2);
+            rb->d[b] = fp16_to_f32(d16);
+            float *q = rb->qf + b * 32;
+            for (int g = 0; g < 4; g++) {
+                __m128i q8 = _mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * g));
+                _mm256_storeu_ps(q + 8 * g, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+            }
+        }
+        rb->blocked = 1;
+        rb->has_m = 0;
+        return;
+    default:
+        bk_weight_row_f32(w, r, rb->qf);
+        rb->blocked = 0;
+        rb->has_m = 0;
+        return;
+    }
 }
 
-static float dot_q8_0_scalar(const uint8_t *w, const float *x, int64_t n) {
-    float acc = 0;
-    for (int64_t b = 0; b < n / 32; b++, w += 34, x += 32) {
-        uint16_t d16; memcpy(&d16, w, 2);
+static void unpack_row_scalar(const bk_weight *w, int64_t r, row_buf *rb) {
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    const int64_t nb = w->cols / 32;
+    rb->blocked = 1;
+    rb->has_m = w->type != BK_W_Q8_0;
+    switch (w->type) {
+    case BK_W_Q4_1:
+    case BK_W_Q4_0: {
+        const int q41 = w->type == BK_W_Q4_1;
+        const size_t bs = q41 ? 20 : 18, qo = q41 ? 4 : 2;
+        for (int64_t b = 0; b < nb; b++, p += bs) {
+            uint16_t d16; memcpy(&d16, p, 2);
+            rb->d[b] = fp16_to_f32(d16);
+            if (q41) { uint16_t m16; memcpy(&m16, p + 2, 2); rb->m[b] = fp16_to_f32(m16); }
+            else rb->m[b] = -8.0f * rb->d[b];
+            for (int i = 0; i < 16; i++) {
+                rb->qf[b * 32 + i] = (float)(p[qo + i] & 0xf);
+                rb->qf[b * 32 + i + 16] = (float)(p[qo + i] >> 4);
+            }
+        }
+        return;
+    }
+    case BK_W_Q8_0:
+        for (int64_t b = 0; b < nb; b++, p += 34) {
+            uint16_t d16; memcpy(&d16, p, 2);
+            rb->d[b] = fp16_to_f32(d16);
+            for (int i = 0; i < 32; i++) rb->qf[b * 32 + i] = (float)(int8_t)p[2 + i];
+        }
+        return;
+    default:
+        bk_weight_row_f32(w, r, rb->qf);
+        rb->blocked = 0;
+        rb->has_m = 0;
+        return;
+    }
+}
+
+/* NT = 1 or 4 tokens at once; per-token arithmetic identical for both. */
+#define DEF_DOT_AVX2(NT)                                                                                           \
+    __attribute__((target("avx2,fma"))) static void dot##NT##_avx2(const row_buf *rb, int64_t n, const float *x, \
+                                                                     size_t ldx, const float *xs, size_t ldxs,     \
+                                                                     float *out) {                                 \
+        __m256 acc[NT];                                                                                            \
+        float accm[NT];                                                                                            \
+        for (int u = 0; u < NT; u++) { acc[u] = _mm256_setzero_ps(); accm[u] = 0; }                              \
+        if (rb->blocked) {                                                                                         \
+            for (int64_t b = 0; b < n / 32; b++) {                                                                 \
+                const float *q = rb->qf + b * 32;                                                                  \
+                __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8), q2 = _mm256_loadu_ps(q + 16),         \
+                       q3 = _mm256_loadu_ps(q + 24), d = _mm256_set1_ps(rb->d[b]);                                 \
+                for (int u = 0; u < NT; u++) {                                                                     \
+                    const float *xb = x + (size_t)u * ldx + b * 32;                                                \
+                    __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));                                             \
+                    s = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xb + 8), s);                                           \
+                    s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb + 16), s);                                          \
+                    s = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb + 24), s);                                          \
+                    acc[u] = _mm256_fmadd_ps(d, s, acc[u]);                                                        \
+                    if (rb->has_m) accm[u] += rb->m[b] * xs[(size_t)u * ldxs + b];                                 \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (int u = 0; u < NT; u++) out[u] = hsum8(acc[u]) + accm[u];                                         \
+        } else {                                                                                                   \
+            int64_t i = 0;                                                                                         \
+            for (; i + 8 <= n; i += 8) {                                                                           \
+                __m256 wv = _mm256_loadu_ps(rb->qf + i);                                                           \
+                for (int u = 0; u < NT; u++)                                                                       \
+                    acc[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)u * ldx + i), acc[u]);                \
+            }                                                                                                      \
+            for (int u = 0; u < NT; u++) {                                                                         \
+                float s = hsum8(acc[u]);                                                                           \
+                for (int64_t j = i; j < n; j++) s += rb->qf[j] * x[(size_t)u * ldx + j];                           \
+                out[u] = s;                                                                                        \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+DEF_DOT_AVX2(1)
+DEF_DOT_AVX2(4)
+
+static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const float *xs) {
+    if (!rb->blocked) {
+        float acc[8] = {0}, s = 0;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) for (int l = 0; l < 8; l++) acc[l] += rb->qf[i + l] * x[i + l];
+        for (int l = 0; l < 8; l++) s += acc[l];
+        for (; i < n; i++) s += rb->qf[i] * x[i];
+        return s;
+    }
+    float acc = 0, accm = 0;
+    for (int64_t b = 0; b < n / 32; b++) {
         float s = 0;
-        for (int i = 0; i < 32; i++) s += (float)(int8_t)w[2 + i] * x[i];
-        acc += fp16_to_f32(d16) * s;
+        for (int i = 0; i < 32; i++) s += rb->qf[b * 32 + i] * x[b * 32 + i];
+        acc += rb->d[b] * s;
+        if (rb->has_m) accm += rb->m[b] * xs[b];
     }
-    return acc;
-}
-
-/* Q4_1: sum_b (d_b * sum_i q_i x_i + m_b * sum_i x_i). xs[b] = sum of x over block b
- * (precomputed once per activation row: depends only on that row). */
-__attribute__((target("avx2,fma,f16c"))) static float dot_q4_1_avx2(const uint8_t *w, const float *x, const float *xs, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
-    const __m128i lomask = _mm_set1_epi8(0x0f);
-    for (int64_t b = 0; b < n / 32; b++, w += 20, x += 32) {
-        uint16_t d16, m16; memcpy(&d16, w, 2); memcpy(&m16, w + 2, 2);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(w + 4));
-        __m128i lo = _mm_and_si128(raw, lomask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
-        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(x));
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_f32(d16)), s, acc);
-        accm += fp16_to_f32(m16) * xs[b];
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q4_1_scalar(const uint8_t *w, const float *x, const float *xs, int64_t n) {
-    float acc = 0;
-    for (int64_t b = 0; b < n / 32; b++, w += 20, x += 32) {
-        uint16_t d16, m16; memcpy(&d16, w, 2); memcpy(&m16, w + 2, 2);
-        float s = 0;
-        for (int i = 0; i < 16; i++) s += (float)(w[4 + i] & 0xf) * x[i] + (float)(w[4 + i] >> 4) * x[i + 16];
-        acc += fp16_to_f32(d16) * s + fp16_to_f32(m16) * xs[b];
-    }
-    return acc;
-}
-
-/* Q4_0: sum_b d_b * sum_i (q_i - 8) x_i = sum_b d_b * (sum q_i x_i - 8 xs_b). */
-__attribute__((target("avx2,fma,f16c"))) static float dot_q4_0_avx2(const uint8_t *w, const float *x, const float *xs, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
-    const __m128i lomask = _mm_set1_epi8(0x0f);
-    for (int64_t b = 0; b < n / 32; b++, w += 18, x += 32) {
-        uint16_t d16; memcpy(&d16, w, 2);
-        float d = fp16_to_f32(d16);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(w + 2));
-        __m128i lo = _mm_and_si128(raw, lomask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
-        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(x));
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(x + 8), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(x + 24), s);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
-        accm -= 8.0f * d * xs[b];
-    }
-    return hsum8(acc) + accm;
-}
-
-static float dot_q4_0_scalar(const uint8_t *w, const float *x, const float *xs, int64_t n) {
-    float acc = 0;
-    for (int64_t b = 0; b < n / 32; b++, w += 18, x += 32) {
-        uint16_t d16; memcpy(&d16, w, 2);
-        float d = fp16_to_f32(d16), s = 0;
-        for (int i = 0; i < 16; i++) s += (float)(w[2 + i] & 0xf) * x[i] + (float)(w[2 + i] >> 4) * x[i + 16];
-        acc += d * s - 8.0f * d * xs[b];
-    }
-    return acc;
-}
-
-/* Generic: dequantize the row then f32 dot (bf16/f16 scalar, I4G32). */
-static float dot_generic(const bk_weight *w, int64_t r, const float *x, float *tmp) {
-    bk_weight_row_f32(w, r, tmp);
-    return dot_f32_scalar((const uint8_t *)tmp, x, w->cols);
+    return acc + accm;
 }
 
 /* ---------------------------------------------------------------- matmul */
 
 int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float *y) {
     cpu_ctx *ctx = vctx;
-    const int64_t rows = w->rows, cols = w->cols;
+    const int64_t rows = w->rows, cols = w->cols, nb = cols / 32;
     const int avx2 = ctx->avx2;
-    const int need_xs = w->type == BK_W_Q4_1 || w->type == BK_W_Q4_0;
-    float *xs = NULL;
-    if (need_xs) {
-        /* Per-token block sums of x: a function of each activation row alone. */
-        xs = malloc(sizeof(float) * (size_t)T * (size_t)(cols / 32));
-        if (!xs) return -1;
-        for (int32_t t = 0; t < T; t++)
-            for (int64_t b = 0; b < cols / 32; b++) {
-                float s = 0;
-                for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];
-                xs[(size_t)t * (cols / 32) + b] = s;
-            }
-    }
+    /* Per-token block sums of x (a function of each activation row alone). */
+    float *xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
+    if (!xs) return -1;
+    for (int32_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            float s = 0;
+            for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];
+            xs[(size_t)t * nb + b] = s;
+        }
     int fail = 0;
 #pragma omp parallel num_threads(ctx->n_threads)
     {
-        float *tmp = NULL;
-        if (w->type == BK_W_I4G32 || (!avx2 && (w->type == BK_W_BF16 || w->type == BK_W_F16))) {
-            tmp = malloc(sizeof(float) * (size_t)cols);
-            if (!tmp) {
+        row_buf rb;
+        rb.qf = malloc(sizeof(float) * (size_t)cols);
+        rb.d = malloc(sizeof(float) * (size_t)(nb + 1));
+        rb.m = malloc(sizeof(float) * (size_t)(nb + 1));
+        if (!rb.qf || !rb.d || !rb.m) {
 #pragma omp atomic write
-                fail = 1;
-            }
+            fail = 1;
         }
-        /* Chunks of 16 rows: each row is read once and reused for all T tokens. */
 #pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < rows; r0 += 16) {
             if (fail) continue;
-            int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
+            const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
             for (int64_t r = r0; r < r1; r++) {
-                const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                for (int32_t t = 0; t < T; t++) {
-                    const float *xt = x + (size_t)t * cols;
-                    const float *xst = need_xs ? xs + (size_t)t * (cols / 32) : NULL;
-                    float v;
-                    switch (w->type) {
-                    case BK_W_F32: v = avx2 ? dot_f32_avx2(wr, xt, cols) : dot_f32_scalar(wr, xt, cols); break;
-                    case BK_W_BF16: v = avx2 ? dot_bf16_avx2(wr, xt, cols) : dot_generic(w, r, xt, tmp); break;
-                    case BK_W_F16: v = avx2 ? dot_f16_avx2(wr, xt, cols) : dot_generic(w, r, xt, tmp); break;
-                    case BK_W_Q8_0: v = avx2 ? dot_q8_0_avx2(wr, xt, cols) : dot_q8_0_scalar(wr, xt, cols); break;
-                    case BK_W_Q4_1: v = avx2 ? dot_q4_1_avx2(wr, xt, xst, cols) : dot_q4_1_scalar(wr, xt, xst, cols); break;
-                    case BK_W_Q4_0: v = avx2 ? dot_q4_0_avx2(wr, xt, xst, cols) : dot_q4_0_scalar(wr, xt, xst, cols); break;
-                    default: v = dot_generic(w, r, xt, tmp); break;
+                if (avx2) unpack_row_avx2(w, r, &rb);
+                else unpack_row_scalar(w, r, &rb);
+                int32_t t = 0;
+                float o4[4];
+                if (avx2)
+                    for (; t + 4 <= T; t += 4) {
+                        dot4_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                        for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
                     }
-                    y[(size_t)t * rows + r] = v;
+                for (; t < T; t++) {
+                    if (avx2) dot1_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                    else o4[0] = dot1_scalar(&rb, cols, x + (size_t)t * cols, xs + (size_t)t * nb);
+                    y[(size_t)t * rows + r] = o4[0];
                 }
             }
         }
-        free(tmp);
+        free(rb.qf);
+        free(rb.d);
+        free(rb.m);
     }
     free(xs);
     return fail ? -1 : 0;
