@@ -37,7 +37,7 @@ const cfg_option specd_serve_options[] = {
     {"max-num-batched-tokens", CFG_INT, "2048", 1, 1 << 20, OFF(max_num_batched_tokens), CFG_ENGINE, NULL,
      "token budget of one step (prefill is chunked to fit)"},
     {"max-waiting", CFG_INT, "1024", 0, 1 << 20, OFF(max_waiting), CFG_ENGINE, NULL,
-     "waiting-queue bound; requests beyond it get 429 with Retry-After"},
+     "waiting-queue bound (0 = unbounded); requests beyond it get 429 with Retry-After"},
     {"block-size", CFG_INT, "16", 1, 1024, OFF(block_size), CFG_ENGINE, NULL, "KV cache tokens per block"},
     {"enable-prefix-caching", CFG_BOOL, "false", NOB, OFF(enable_prefix_caching), CFG_ENGINE, NULL,
      "reuse full KV blocks across requests (SHA-256 keyed, LRU eviction)"},

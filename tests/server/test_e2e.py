@@ -458,7 +458,8 @@ def test_prefix_caching_same_outputs(srv):
     prompts = [base + q for q in ("Where is Paris?", "Where is Rome?", "Where is Paris?")]
     ref = [srv.client().completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0).choices[0].text
            for p in prompts]
-    s2 = Server(["--enable-prefix-caching"])
+    # one running sequence and one waiting slot: also the overload (429) test below
+    s2 = Server(["--enable-prefix-caching", "--max-num-seqs", "1", "--max-waiting", "1"])
     try:
         c = s2.client()
         got = [c.completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0).choices[0].text
@@ -467,6 +468,25 @@ def test_prefix_caching_same_outputs(srv):
         m = s2.wait_blocks_free()
         assert m["specd_prefix_cache_hits_total"] > 0
         assert m["specd_prefix_cache_queries_total"] >= m["specd_prefix_cache_hits_total"]
+
+        results = [None] * 6
+
+        def one(i):
+            results[i] = s2.raw("POST", "/v1/completions", {"prompt": f"Overload {i}", "max_tokens": 12,
+                                                             "temperature": 0, "ignore_eos": True})
+
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        statuses = sorted(r[0] for r in results)
+        assert 200 in statuses and 429 in statuses and set(statuses) <= {200, 429}, statuses
+        for st, data, hdrs in results:
+            if st == 429:
+                assert hdrs.get("Retry-After") == "1"
+                assert json.loads(data)["error"]["type"] == "rate_limit_error"
+        s2.wait_blocks_free()
     finally:
         assert s2.stop() == 0, s2.read_log()
 
