@@ -337,6 +337,116 @@ def gen_kimi(ranks_path):
                    tiktoken.__version__ if hasattr(tiktoken, "__version__") else "tiktoken",
                    "count": len(items), "strings": items}, f, ensure_ascii=True, separators=(",", ":"))
     print("kimi strings: %d" % len(items))
+    gen_kimi_chat(enc, specials, os.path.join(os.path.dirname(ranks_path), "tokenizer_config.k2-instruct.json"))
+
+
+# A K2.5-style template written for specd from REFERENCE.md section 1 (the
+# K2.5 checkpoint's own template is not available here): `name` replaces the
+# role text, assistant turns carry an empty think block, the generation prompt
+# ends with <think> (thinking on) or <think></think> (off), an optional
+# caller-supplied default system prompt.
+KIMI_K25_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "{%- if loop.first and messages[0]['role'] != 'system' and default_system is defined and default_system -%}\n"
+    "<|im_system|>system<|im_middle|>{{ default_system }}<|im_end|>\n"
+    "{%- endif -%}\n"
+    "{%- set role_name = message.get('name') or message['role'] -%}\n"
+    "{%- if message['role'] == 'user' -%}<|im_user|>{{ role_name }}<|im_middle|>\n"
+    "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>{{ role_name }}<|im_middle|><think></think>\n"
+    "{%- else -%}<|im_system|>{{ role_name }}<|im_middle|>\n"
+    "{%- endif -%}\n"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "<|im_assistant|>assistant<|im_middle|>{% if thinking is defined and not thinking %}<think></think>{% else %}<think>{% endif %}\n"
+    "{%- endif -%}")
+
+KIMI_CONVERSATIONS = [
+    [{"role": "user", "content": "Hello, world! 你好，世界！"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "讲个笑话。"}],
+    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+     {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}],
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": "  spaces  \n\n"}, {"role": "assistant", "content": "\n  indented 123\n"}],
+    [{"role": "user", "content": "def f(x):\n    return x * 2\n", "name": "alice"},
+     {"role": "assistant", "content": "```python\nf(21)  # 42\n```", "name": "kimi"}],
+    [{"role": "user", "content": "東京は日本の首都です。😀👨‍👩‍👧"}],
+    [{"role": "assistant", "content": "I start."}, {"role": "user", "content": "OK."}],
+    [{"role": "user", "content": "Say <|im_end|> please <think>"}, {"role": "assistant", "content": "<|im_end|><|im_user|>"}],
+    [{"role": "user", "content": "[EOS] and </think> typed"}],
+]
+
+
+def render_kimi(tpl, msgs, gen, **kw):
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(tpl).render(messages=msgs, add_generation_prompt=gen, **kw)
+
+
+def kimi_chat_case(enc, specials, tpl, msgs, gen, **kw):
+    import re
+    text = render_kimi(tpl, msgs, gen, **kw)
+    injected = any(any(n in m["content"] for n in specials) for m in msgs)
+    c = {"messages": msgs, "add_generation_prompt": gen, "rendered": text, "injected_specials": injected}
+    c.update({k: v for k, v in kw.items()})
+    # plain-content ids: render with markers in place of the contents, split
+    # the marked rendering at special tokens (now only structural ones), put
+    # the contents back, encode each text stretch as ordinary text
+    marked = [dict(m, content="\x00%d\x00" % i) for i, m in enumerate(msgs)]
+    mtext = render_kimi(tpl, marked, gen, **kw)
+    pat = "(" + "|".join(re.escape(n) for n in sorted(specials, key=len, reverse=True)) + ")"
+    ids_plain = []
+    for part in re.split(pat, mtext):
+        if not part:
+            continue
+        if part in specials:
+            ids_plain.append(specials[part])
+        else:
+            part = re.sub("\x00(\\d+)\x00", lambda mm: msgs[int(mm.group(1))]["content"], part)
+            ids_plain += enc.encode_ordinary(part)
+    c["ids_plain"] = ids_plain
+    if not injected:
+        ids = enc.encode(text, allowed_special="all")
+        assert ids == ids_plain
+        # mask from tiktoken's offsets: assistant content, and its <|im_end|>
+        # content spans in the real rendering: walk it in step with the marked one
+        spans = []
+        real_pos, mpos = 0, 0
+        for i, m in enumerate(marked):
+            at = mtext.index(m["content"], mpos)
+            real_at = real_pos + (at - mpos)
+            if msgs[i]["role"] == "assistant":
+                spans.append((real_at, real_at + len(msgs[i]["content"])))
+            real_pos = real_at + len(msgs[i]["content"])
+            mpos = at + len(m["content"])
+        assert all(text[a:b] == msgs[i]["content"] for (a, b), i in
+                   zip(spans, [k for k, m in enumerate(msgs) if m["role"] == "assistant"]))
+        _, offs = enc.decode_with_offsets(ids)
+        im_end = specials["<|im_end|>"]
+        c["ids"] = ids
+        c["mask"] = [1 if any(a <= o < b for a, b in spans) or (t == im_end and any(o == b for _, b in spans)) else 0
+                     for o, t in zip(offs, ids)]
+    return c
+
+
+def gen_kimi_chat(enc, specials, k2_config):
+    with open(k2_config) as f:
+        k2_tpl = json.load(f)["chat_template"]
+    k2 = [kimi_chat_case(enc, specials, k2_tpl, m, g) for m in KIMI_CONVERSATIONS for g in (False, True)]
+    k25 = []
+    for m in KIMI_CONVERSATIONS:
+        for g, th in ((False, None), (True, None), (True, True), (True, False)):
+            kw = {} if th is None else {"thinking": th}
+            k25.append(kimi_chat_case(enc, specials, KIMI_K25_TEMPLATE, m, g, **kw))
+    kimi_sys = "You are Kimi, an AI assistant created by Moonshot AI."
+    for m in KIMI_CONVERSATIONS[:3]:
+        k25.append(kimi_chat_case(enc, specials, KIMI_K25_TEMPLATE, m, True, default_system=kimi_sys))
+    with open(os.path.join(OUT, "kimi_chat.json"), "w") as f:
+        json.dump({"k2": {"template": k2_tpl, "default_system": "You are a helpful assistant", "conversations": k2},
+                   "k25": {"template": KIMI_K25_TEMPLATE, "conversations": k25}}, f, ensure_ascii=True,
+                  separators=(",", ":"))
+    print("kimi conversations: K2 %d, K2.5-style %d" % (len(k2), len(k25)))
 
 
 def main():
@@ -366,8 +476,7 @@ def main():
         with open(os.path.join(tmp, "tokenizer.json")) as f:
             tj = json.load(f)
         with open(os.path.join(tmp, "tokenizer_config.json")) as f:
-            tcfg = json.load(f)
-        tcfg.pop("model_max_length", None)  # a 1e30 float; irrelevant
+            tcfg = f.read()  # verbatim: model_max_length is a 31-digit integer the C loader must accept
         jinja_path = os.path.join(tmp, "chat_template.jinja")
         tjinja = open(jinja_path).read() if os.path.exists(jinja_path) else None
     tftok = Tokenizer.from_str(json.dumps(tj))
@@ -444,7 +553,7 @@ def main():
         json.dump(chat, f, ensure_ascii=True, indent=None, separators=(",", ":"))
 
     with open(os.path.join(OUT, "smollm2_hf_skeleton.json"), "w") as f:
-        json.dump({"smollm2": skel, "transformers_gguf": skel_tf, "tokenizer_config": tcfg,
+        json.dump({"smollm2": skel, "transformers_gguf": skel_tf, "tokenizer_config_text": tcfg,
                    "chat_template_jinja": tjinja}, f, ensure_ascii=True, indent=1)
     print("strings: %d (%d where transformers' GGUF conversion differs), conversations: %d" %
           (len(items), n_diff_tf, len(convs)))

@@ -12,18 +12,29 @@
  *     preceded, when the first message is not "system", by the template's
  *     default system message (SmolLM2: "You are a helpful AI assistant named
  *     SmolLM, trained by Hugging Face"); generation prompt <|im_start|>assistant\n.
- *   Kimi (K2/K2.5, REFERENCE section 1): not rendered yet (see chat_kimi_*).
+ *   Kimi (REFERENCE section 1): for each message
+ *       <|im_user|>user<|im_middle|>CONTENT<|im_end|>    (<|im_assistant|>, <|im_system|>)
+ *     K2 (Kimi-K2-Instruct's template): default system from the template,
+ *     generation prompt <|im_assistant|>assistant<|im_middle|>.
+ *     K2.5 (a template with <think>, or the bare tiktoken tokenizer): a
+ *     message's `name` replaces the role text, assistant turns carry an empty
+ *     <think></think> before the content, the generation prompt ends with
+ *     <think> (thinking on, the default) or <think></think> (off); no default
+ *     system prompt unless the template has one or the caller gives one.
+ *     Roles other than system/user/assistant (tool results) are refused.
  *
- * Encoding (tok_chat_encode) emits structural tokens as ids and encodes each
- * stretch of text between two structural tokens as plain text, so the ids
- * equal HF's encode of the rendered text with specials parsed, except that
- * special-token strings typed inside CONTENT stay text.
+ * A conversation is first laid out as SEGMENTS: structural special tokens and
+ * text stretches (each with a loss-mask flag). Rendering concatenates them;
+ * encoding emits specials as ids and encodes each maximal run of adjacent text
+ * segments as ONE plain-text stretch, so the ids equal the reference
+ * tokenizer's encode of the rendered text with specials parsed, except that
+ * special-token strings typed inside content stay text.
  *
  * chat_options.default_system: NULL = the template's own default, "" = no
  * default system message, anything else = that text.
- * Loss mask: 1 on the tokens of assistant messages' CONTENT (token start at or
- * after the content's first byte) and on their closing <|im_end|>; 0 on
- * structural tokens, roles, the newline after <|im_end|>, other messages.
+ * Loss mask: 1 on the tokens of assistant messages' content (a token counts
+ * as content if its first byte is) and on their closing <|im_end|>; 0 on
+ * structural tokens, roles, empty think blocks, separators, other messages.
  *
  * Threading: read-only on the tokenizer; thread-safe.
  */
@@ -36,9 +47,10 @@
 
 static bool has(const char *s, const char *needle) { return strstr(s, needle) != NULL; }
 
-/* Copies the Jinja string-literal text starting at P up to (not including)
- * END_MARK, undoing backslash escapes. NULL if END_MARK is not found within
- * the same literal (a quote comes first). */
+/* Copies the template text starting at P up to (not including) END_MARK,
+ * undoing Jinja string-literal backslash escapes. NULL if END_MARK is absent
+ * or the stretch contains template syntax or a quote (then the default is not
+ * a constant). */
 static char *literal_until(const char *p, const char *end_mark) {
     const char *e = strstr(p, end_mark);
     if (!e) return NULL;
@@ -46,7 +58,7 @@ static char *literal_until(const char *p, const char *end_mark) {
     if (!out) return NULL;
     size_t o = 0;
     for (const char *q = p; q < e; q++) {
-        if (*q == '\'' || *q == '"') { /* literal ended: not a constant default */
+        if (*q == '\'' || *q == '"' || *q == '{' || *q == '}') {
             free(out);
             return NULL;
         }
@@ -66,11 +78,17 @@ static char *literal_until(const char *p, const char *end_mark) {
     return out;
 }
 
+static char *default_after(const char *s, const char *head, const char *end_mark) {
+    const char *d = strstr(s, head);
+    return d ? literal_until(d + strlen(head), end_mark) : NULL;
+}
+
 int tok_set_chat_template(tokenizer *t, const char *tpl, size_t len, specd_err *err) {
     free(t->chat_template);
     free(t->default_system);
     t->default_system = NULL;
     t->chat = CHAT_NONE;
+    t->chat_think = false;
     t->chat_reason = "no chat template";
     if (!(t->chat_template = malloc(len + 1))) return specd_err_set(err, "tokenizer: out of memory");
     memcpy(t->chat_template, tpl, len);
@@ -82,7 +100,14 @@ int tok_set_chat_template(tokenizer *t, const char *tpl, size_t len, specd_err *
     }
     if (has(s, "<|im_user|>") && has(s, "<|im_middle|>")) {
         t->chat = CHAT_KIMI;
+        t->chat_think = has(s, "<think>");
         t->chat_reason = NULL;
+        /* the default system turn is the first system header followed by constant text */
+        t->default_system = default_after(s, "<|im_system|>system<|im_middle|>", "<|im_end|>");
+        if (t->default_system && !t->default_system[0]) {
+            free(t->default_system);
+            t->default_system = NULL;
+        }
         return 0;
     }
     if (has(s, "<|im_start|>") && has(s, "<|im_end|>")) {
@@ -97,160 +122,138 @@ int tok_set_chat_template(tokenizer *t, const char *tpl, size_t len, specd_err *
             t->chat_reason = "ChatML-like template that does not print message role and content";
             return 0;
         }
-        const char *d = strstr(s, "<|im_start|>system\n");
-        size_t skip = strlen("<|im_start|>system\n");
-        if (!d) {
-            d = strstr(s, "<|im_start|>system\\n");
-            skip = strlen("<|im_start|>system\\n");
-        }
-        if (d) t->default_system = literal_until(d + skip, "<|im_end|>");
+        t->default_system = default_after(s, "<|im_start|>system\n", "<|im_end|>");
+        if (!t->default_system) t->default_system = default_after(s, "<|im_start|>system\\n", "<|im_end|>");
         t->chat = CHAT_CHATML;
         t->chat_reason = NULL;
         return 0;
     }
-    t->chat_reason = "unrecognised chat template family (supported: ChatML)";
+    t->chat_reason = "unrecognised chat template family (supported: ChatML, Kimi)";
     return 0;
 }
 
-/* ----------------------------------------------------------- text buffer */
+/* -------------------------------------------------------------- segments */
 
-typedef struct sbuf {
-    char *p;
+typedef struct seg {
+    const char *special; /* NUL-terminated special token text, or NULL for text */
+    const char *text;    /* text segment (not owned) */
+    size_t len;
+    bool mask;
+} seg;
+
+typedef struct segs {
+    seg *v;
     size_t n, cap;
-} sbuf;
+} segs;
 
-static int sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = nc;
+static int seg_add(segs *s, const char *special, const char *text, bool mask) {
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 32;
+        seg *nv = realloc(s->v, nc * sizeof *nv);
+        if (!nv) return -1;
+        s->v = nv;
+        s->cap = nc;
     }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
+    s->v[s->n++] = (seg){special, special ? special : (text ? text : ""), strlen(special ? special : (text ? text : "")),
+                         mask};
     return 0;
 }
-static int sb_str(sbuf *b, const char *s) { return sb_add(b, s ? s : "", s ? strlen(s) : 0); }
+#define SP(s, name, m) seg_add(s, name, NULL, m)
+#define TX(s, str, m) seg_add(s, NULL, str, m)
 
-/* -------------------------------------------------------------- ChatML */
-
-static const char *chatml_system(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt) {
-    if (n == 0 || (msgs[0].role && strcmp(msgs[0].role, "system") == 0)) return NULL;
+static const char *system_default(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt) {
+    if (n == 0 || strcmp(msgs[0].role, "system") == 0) return NULL;
     const char *sys = opt && opt->default_system ? opt->default_system : t->default_system;
     return sys && sys[0] ? sys : NULL;
 }
 
-static int chatml_render(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt, sbuf *b) {
-    const char *sys = chatml_system(t, msgs, n, opt);
-    if (sys && (sb_str(b, "<|im_start|>system\n") || sb_str(b, sys) || sb_str(b, "<|im_end|>\n"))) return -1;
-    for (size_t i = 0; i < n; i++)
-        if (sb_str(b, "<|im_start|>") || sb_str(b, msgs[i].role) || sb_str(b, "\n") || sb_str(b, msgs[i].content) ||
-            sb_str(b, "<|im_end|>\n"))
-            return -1;
-    if (opt && opt->add_generation_prompt && sb_str(b, "<|im_start|>assistant\n")) return -1;
-    return 0;
-}
-
-typedef struct chat_enc {
-    const tokenizer *t;
-    tok_ids ids;
-    tok_ids mask; /* one int per token, 0/1 */
-    specd_err *err;
-} chat_enc;
-
-static int ce_special(chat_enc *c, int32_t id, int m) {
-    if (tok_ids_push(&c->ids, id) < 0 || tok_ids_push(&c->mask, m) < 0)
-        return specd_err_set(c->err, "tokenizer: out of memory");
-    return 0;
-}
-
-/* Plain-encodes TEXT; tokens starting at byte >= MASK_FROM get mask 1
- * (MASK_FROM = SIZE_MAX: none). */
-static int ce_text(chat_enc *c, const char *text, size_t len, size_t mask_from) {
-    size_t first = c->ids.n;
-    if (len && tok_encode_plain(c->t, text, len, &c->ids, c->err) < 0) return -1;
-    size_t off = 0;
-    for (size_t k = first; k < c->ids.n; k++) {
-        if (tok_ids_push(&c->mask, off >= mask_from) < 0) return specd_err_set(c->err, "tokenizer: out of memory");
-        off += c->t->tok_len[c->ids.v[k]];
-    }
-    return 0;
-}
-
-static int need_special(const tokenizer *t, const char *s, int32_t *id, specd_err *err) {
-    *id = tok_token_id(t, s, strlen(s));
-    if (*id < 0 || !(t->attr[*id] & TOK_ATTR_SPECIAL))
-        return specd_err_set(err, "tokenizer: chat template needs the special token %s, absent from the vocabulary", s);
-    return 0;
-}
-
-static int chatml_encode(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt,
-                         chat_enc *c) {
-    int32_t im_start, im_end;
-    if (need_special(t, "<|im_start|>", &im_start, c->err) < 0 || need_special(t, "<|im_end|>", &im_end, c->err) < 0)
+static int layout_chatml(const tokenizer *t, const chat_message *m, size_t n, const chat_options *opt, segs *s) {
+    const char *sys = system_default(t, m, n, opt);
+    if (sys && (SP(s, "<|im_start|>", 0) || TX(s, "system\n", 0) || TX(s, sys, 0) || SP(s, "<|im_end|>", 0) ||
+                TX(s, "\n", 0)))
         return -1;
-    sbuf seg = {0};
-    int rc = -1;
-    const char *sys = chatml_system(t, msgs, n, opt);
-    size_t n_turns = n + (sys != NULL);
-    for (size_t k = 0; k < n_turns; k++) {
-        const char *role = sys ? (k == 0 ? "system" : msgs[k - 1].role) : msgs[k].role;
-        const char *content = sys ? (k == 0 ? sys : msgs[k - 1].content) : msgs[k].content;
-        bool assistant = role && strcmp(role, "assistant") == 0;
-        seg.n = 0;
-        if (sb_str(&seg, role) || sb_str(&seg, "\n")) goto oom;
-        size_t content_at = seg.n;
-        if (sb_str(&seg, content)) goto oom;
-        if (ce_special(c, im_start, 0) || ce_text(c, seg.p, seg.n, assistant ? content_at : SIZE_MAX) ||
-            ce_special(c, im_end, assistant) || ce_text(c, "\n", 1, SIZE_MAX))
-            goto done;
+    for (size_t i = 0; i < n; i++) {
+        bool a = strcmp(m[i].role, "assistant") == 0;
+        if (SP(s, "<|im_start|>", 0) || TX(s, m[i].role, 0) || TX(s, "\n", 0) || TX(s, m[i].content, a) ||
+            SP(s, "<|im_end|>", a) || TX(s, "\n", 0))
+            return -1;
     }
-    if (opt && opt->add_generation_prompt &&
-        (ce_special(c, im_start, 0) || ce_text(c, "assistant\n", strlen("assistant\n"), SIZE_MAX)))
-        goto done;
-    rc = 0;
-    goto done;
-oom:
-    specd_err_set(c->err, "tokenizer: out of memory");
-done:
-    free(seg.p);
-    return rc;
+    if (opt && opt->add_generation_prompt && (SP(s, "<|im_start|>", 0) || TX(s, "assistant\n", 0))) return -1;
+    return 0;
 }
 
-/* ---------------------------------------------------------------- Kimi */
-/* Placeholder for the Kimi family (REFERENCE section 1): detection is in
- * place so that a Kimi template is refused with a precise message. */
-static int kimi_unsupported(specd_err *err) {
-    return specd_err_set(err, "tokenizer: the Kimi chat template is recognised but not implemented yet");
+static int layout_kimi(const tokenizer *t, const chat_message *m, size_t n, const chat_options *opt, segs *s,
+                       specd_err *err) {
+    for (size_t i = 0; i < n; i++) {
+        const char *r = m[i].role;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+            return specd_err_set(err, "tokenizer: Kimi chat: role \"%s\" (message %zu) is not supported", r, i) - 1;
+    }
+    const char *sys = system_default(t, m, n, opt);
+    if (sys && (SP(s, "<|im_system|>", 0) || TX(s, "system", 0) || SP(s, "<|im_middle|>", 0) || TX(s, sys, 0) ||
+                SP(s, "<|im_end|>", 0)))
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        bool a = strcmp(m[i].role, "assistant") == 0;
+        const char *head = a ? "<|im_assistant|>" : strcmp(m[i].role, "user") == 0 ? "<|im_user|>" : "<|im_system|>";
+        const char *name = t->chat_think && m[i].name && m[i].name[0] ? m[i].name : m[i].role;
+        if (SP(s, head, 0) || TX(s, name, 0) || SP(s, "<|im_middle|>", 0)) return -1;
+        if (a && t->chat_think && (SP(s, "<think>", 0) || SP(s, "</think>", 0))) return -1;
+        if (TX(s, m[i].content, a) || SP(s, "<|im_end|>", a)) return -1;
+    }
+    if (opt && opt->add_generation_prompt) {
+        if (SP(s, "<|im_assistant|>", 0) || TX(s, "assistant", 0) || SP(s, "<|im_middle|>", 0)) return -1;
+        if (t->chat_think && (SP(s, "<think>", 0) || (opt->thinking == 0 && SP(s, "</think>", 0)))) return -1;
+    }
+    return 0;
+}
+
+/* Lays the conversation out; -1 with err set. */
+static int layout(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt, segs *s,
+                  specd_err *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role) return specd_err_set(err, "tokenizer: chat message %zu has no role", i);
+    int rc;
+    switch (t->chat) {
+    case CHAT_CHATML: rc = layout_chatml(t, msgs, n, opt, s); break;
+    case CHAT_KIMI:
+        rc = layout_kimi(t, msgs, n, opt, s, err);
+        if (rc < -1) return -1; /* err already set */
+        break;
+    default:
+        return specd_err_set(err, "tokenizer: cannot apply the chat template: %s",
+                             t->chat_reason ? t->chat_reason : "no chat template");
+    }
+    return rc < 0 ? specd_err_set(err, "tokenizer: out of memory") : 0;
 }
 
 /* ------------------------------------------------------------- public */
-
-static int check_family(const tokenizer *t, const chat_message *msgs, size_t n, specd_err *err) {
-    for (size_t i = 0; i < n; i++)
-        if (!msgs[i].role) return specd_err_set(err, "tokenizer: chat message %zu has no role", i);
-    if (t->chat == CHAT_NONE)
-        return specd_err_set(err, "tokenizer: cannot apply the chat template: %s",
-                             t->chat_reason ? t->chat_reason : "no chat template");
-    return 0;
-}
 
 int tok_chat_render(const tokenizer *t, const chat_message *msgs, size_t n_msgs, const chat_options *opt,
                     char **text, size_t *len, specd_err *err) {
     *text = NULL;
     if (len) *len = 0;
-    if (check_family(t, msgs, n_msgs, err) < 0) return -1;
-    if (t->chat == CHAT_KIMI) return kimi_unsupported(err);
-    sbuf b = {0};
-    if (sb_add(&b, "", 0) < 0 || chatml_render(t, msgs, n_msgs, opt, &b) < 0) {
-        free(b.p);
+    segs s = {0};
+    if (layout(t, msgs, n_msgs, opt, &s, err) < 0) {
+        free(s.v);
+        return -1;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < s.n; i++) total += s.v[i].len;
+    char *out = malloc(total + 1);
+    if (!out) {
+        free(s.v);
         return specd_err_set(err, "tokenizer: out of memory");
     }
-    *text = b.p;
-    if (len) *len = b.n;
+    size_t o = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        memcpy(out + o, s.v[i].text, s.v[i].len);
+        o += s.v[i].len;
+    }
+    out[o] = '\0';
+    free(s.v);
+    *text = out;
+    if (len) *len = o;
     return 0;
 }
 
@@ -259,24 +262,64 @@ int tok_chat_encode(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     *ids = NULL;
     *n_ids = 0;
     if (mask) *mask = NULL;
-    if (check_family(t, msgs, n_msgs, err) < 0) return -1;
-    if (t->chat == CHAT_KIMI) return kimi_unsupported(err);
-    chat_enc c = {.t = t, .err = err};
-    if (chatml_encode(t, msgs, n_msgs, opt, &c) < 0) goto fail;
-    if (mask) {
-        if (!(*mask = malloc(c.ids.n ? c.ids.n : 1))) {
-            specd_err_set(err, "tokenizer: out of memory");
-            goto fail;
+    segs s = {0};
+    tok_ids out = {0}, m = {0};
+    char *run = NULL;
+    size_t run_cap = 0;
+    if (layout(t, msgs, n_msgs, opt, &s, err) < 0) goto fail;
+    for (size_t i = 0; i < s.n;) {
+        if (s.v[i].special) {
+            int32_t id = tok_token_id(t, s.v[i].special, s.v[i].len);
+            if (id < 0 || !(t->attr[id] & TOK_ATTR_SPECIAL)) {
+                specd_err_set(err, "tokenizer: chat template needs the special token %s, absent from the vocabulary",
+                              s.v[i].special);
+                goto fail;
+            }
+            if (tok_ids_push(&out, id) < 0 || tok_ids_push(&m, s.v[i].mask) < 0) goto oom;
+            i++;
+            continue;
         }
-        for (size_t i = 0; i < c.ids.n; i++) (*mask)[i] = (uint8_t)c.mask.v[i];
+        /* a maximal run of text segments is encoded as one stretch */
+        size_t j = i, rl = 0;
+        while (j < s.n && !s.v[j].special) rl += s.v[j++].len;
+        if (rl + 1 > run_cap) {
+            free(run);
+            run_cap = rl * 2 + 64;
+            if (!(run = malloc(run_cap))) goto oom;
+        }
+        size_t o = 0;
+        for (size_t k = i; k < j; k++) {
+            memcpy(run + o, s.v[k].text, s.v[k].len);
+            o += s.v[k].len;
+        }
+        size_t first = out.n;
+        if (rl && tok_encode_plain(t, run, rl, &out, err) < 0) goto fail;
+        size_t off = 0, k = i, seg_end = s.v[i].len;
+        for (size_t q = first; q < out.n; q++) { /* mask of the segment holding the token's first byte */
+            while (k + 1 < j && off >= seg_end) seg_end += s.v[++k].len;
+            if (tok_ids_push(&m, s.v[k].mask) < 0) goto oom;
+            off += t->tok_len[out.v[q]];
+        }
+        i = j;
     }
-    if (!c.ids.v && tok_ids_push(&c.ids, 0) == 0) c.ids.n = 0; /* never return NULL on success */
-    *ids = c.ids.v;
-    *n_ids = c.ids.n;
-    free(c.mask.v);
-    return c.ids.v ? 0 : specd_err_set(err, "tokenizer: out of memory");
+    if (!out.v && tok_ids_push(&out, 0) == 0) out.n = 0; /* never NULL on success */
+    if (!out.v) goto oom;
+    if (mask) {
+        if (!(*mask = malloc(out.n ? out.n : 1))) goto oom;
+        for (size_t q = 0; q < out.n; q++) (*mask)[q] = (uint8_t)m.v[q];
+    }
+    *ids = out.v;
+    *n_ids = out.n;
+    free(m.v);
+    free(s.v);
+    free(run);
+    return 0;
+oom:
+    specd_err_set(err, "tokenizer: out of memory");
 fail:
-    free(c.ids.v);
-    free(c.mask.v);
+    free(out.v);
+    free(m.v);
+    free(s.v);
+    free(run);
     return -1;
 }

@@ -118,7 +118,7 @@ static int load_side_files(tokenizer *t, const char *json_path, specd_err *err) 
     char path[4200];
     snprintf(path, sizeof path, "%stokenizer_config.json", dir);
     json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* model_max_length is often 1e30 */
     const char *tpl = NULL;
     size_t tpl_len = 0;
     char *tpl_file = NULL;

@@ -167,7 +167,7 @@ int tok_create_from_tiktoken(const char *ranks_path, const char *config_path, to
             names[KIMI_SPECIALS[i].off] = KIMI_SPECIALS[i].name;
     if (config_path) {
         json_error_t je;
-        if (!(cfg = json_load_file(config_path, 0, &je))) {
+        if (!(cfg = json_load_file(config_path, JSON_DECODE_INT_AS_REAL, &je))) { /* model_max_length 1e30 */
             specd_err_set(err, "%s: %s (line %d)", config_path, je.text, je.line);
             goto fail;
         }
@@ -232,7 +232,8 @@ int tok_create_from_tiktoken(const char *ranks_path, const char *config_path, to
     if (tpl) {
         if (tok_set_chat_template(t, tpl, strlen(tpl), err) < 0) goto fail;
     } else if (tok_token_id(t, "<|im_middle|>", 13) >= 0) {
-        t->chat = CHAT_KIMI;
+        t->chat = CHAT_KIMI; /* K2.5 style, no default system prompt */
+        t->chat_think = true;
         t->chat_reason = NULL;
     }
     json_decref(cfg);

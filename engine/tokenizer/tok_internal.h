@@ -142,6 +142,7 @@ struct tokenizer {
     char *chat_template; /* NUL-terminated copy or NULL */
     chat_family chat;
     const char *chat_reason; /* why chat is CHAT_NONE (static string) */
+    bool chat_think;         /* Kimi: K2.5 style (<think></think> on assistant turns, thinking prompt) */
     char *default_system; /* ChatML: default system prompt from the template, or NULL */
 };
 

@@ -59,11 +59,15 @@ static char *make_tokenizer_dir(const char *variant) {
     json_object_set_new(model, "merges", marr);
     write_json("tokenizer.json", tj);
     json_decref(tj);
-    write_json("tokenizer_config.json", json_object_get(SKEL, "tokenizer_config"));
-    const char *jinja = json_string_value(json_object_get(SKEL, "chat_template_jinja"));
     char p[512];
-    snprintf(p, sizeof p, "%s/chat_template.jinja", DIR_);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", DIR_); /* verbatim (holds a 31-digit integer) */
     FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(json_string_value(json_object_get(SKEL, "tokenizer_config_text")), f);
+    fclose(f);
+    const char *jinja = json_string_value(json_object_get(SKEL, "chat_template_jinja"));
+    snprintf(p, sizeof p, "%s/chat_template.jinja", DIR_);
+    f = fopen(p, "wb");
     assert_non_null(f);
     if (jinja) fputs(jinja, f);
     fclose(f);

@@ -3,7 +3,10 @@
  * `tiktoken` package (fixture kimi_strings.json, tools/gen_tokenizer_fixtures.py
  * --only kimi): 537 strings with specials allowed and as plain text, the
  * REFERENCE.md test vector, the special-id table, decode round trip, and the
- * PCRE2 rewrite of the class intersection.
+ * PCRE2 rewrite of the class intersection; the Kimi chat family against jinja2
+ * renderings of Kimi-K2-Instruct's own template (from tokenizer_config.
+ * k2-instruct.json) and of a K2.5-style template (kimi_chat.json), with ids
+ * equal to tiktoken's encode of the rendering and the mask from its offsets.
  * Needs the ranks file: SPECD_KIMI_TIKTOKEN or ../shared/data/kimi-k2/
  * tiktoken.model next to the repository; skips (77) without it.
  */
@@ -18,7 +21,7 @@
 #include "tok_fixture.h"
 
 static tokenizer *K;
-static json_t *STR;
+static json_t *STR, *CHAT;
 static char RANKS[4096];
 
 static void tokenizer_kimi_reference_vector(void **state) {
@@ -122,6 +125,97 @@ static void tokenizer_kimi_class_intersection(void **state) {
     free(ids);
 }
 
+/* One family's conversations: render == jinja2, encode == tiktoken. */
+static void check_conversations(tokenizer *t, const json_t *convs, const char *what) {
+    size_t i, n_inj = 0, n_masked = 0;
+    json_t *c;
+    json_array_foreach(convs, i, c) {
+        const json_t *ms = json_object_get(c, "messages");
+        size_t n = json_array_size(ms), len, nid, nw;
+        chat_message m[16];
+        assert_true(n <= 16);
+        for (size_t k = 0; k < n; k++) {
+            const json_t *jm = json_array_get(ms, k);
+            m[k].role = json_string_value(json_object_get(jm, "role"));
+            m[k].content = json_string_value(json_object_get(jm, "content"));
+            m[k].name = json_string_value(json_object_get(jm, "name"));
+        }
+        const json_t *th = json_object_get(c, "thinking");
+        chat_options opt = {.add_generation_prompt = json_is_true(json_object_get(c, "add_generation_prompt")),
+                            .thinking = th ? json_is_true(th) : -1,
+                            .default_system = json_string_value(json_object_get(c, "default_system"))};
+        char *text;
+        specd_err err = {0};
+        if (tok_chat_render(t, m, n, &opt, &text, &len, &err) < 0) fail_msg("%s #%zu: %s", what, i, err.msg);
+        const char *want = json_string_value(json_object_get(c, "rendered"));
+        if (strcmp(text, want) != 0) fail_msg("%s #%zu:\n got: [%s]\nwant: [%s]", what, i, text, want);
+        free(text);
+        int32_t *ids;
+        uint8_t *mask;
+        assert_int_equal(tok_chat_encode(t, m, n, &opt, &ids, &nid, &mask, &err), 0);
+        int32_t *w = fx_ids(json_object_get(c, "ids_plain"), &nw);
+        assert_true(fx_ids_equal(ids, nid, w, nw, what, i));
+        free(w);
+        if (json_is_true(json_object_get(c, "injected_specials"))) {
+            n_inj++;
+            size_t n_end = 0, turns = n + (strcmp(m[0].role, "system") != 0 && strcmp(what, "K2") == 0);
+            for (size_t k = 0; k < nid; k++) n_end += ids[k] == 163586;
+            assert_int_equal(n_end, turns); /* typed "<|im_end|>" stayed text */
+        } else {
+            w = fx_ids(json_object_get(c, "ids"), &nw); /* tiktoken encode(rendered, allowed_special="all") */
+            assert_true(fx_ids_equal(ids, nid, w, nw, what, i));
+            free(w);
+            int32_t *wm = fx_ids(json_object_get(c, "mask"), &nw);
+            for (size_t k = 0; k < nid; k++) {
+                if (mask[k] != wm[k]) fail_msg("%s #%zu: mask differs at token %zu", what, i, k);
+                n_masked += mask[k];
+            }
+            free(wm);
+        }
+        free(ids);
+        free(mask);
+    }
+    printf("kimi chat %s: %zu conversations byte-identical to jinja2 and id-identical to tiktoken "
+           "(%zu with typed specials, %zu masked tokens)\n", what, json_array_size(convs), n_inj, n_masked);
+    assert_true(json_array_size(convs) >= 10 && n_inj >= 1 && n_masked > 10);
+}
+
+static void tokenizer_kimi_chat_k2_template(void **state) {
+    (void)state;
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s", RANKS);
+    char *slash = strrchr(cfg, '/');
+    snprintf(slash ? slash + 1 : cfg, sizeof cfg - (size_t)(slash ? slash + 1 - cfg : 0),
+             "tokenizer_config.k2-instruct.json");
+    tokenizer *t;
+    specd_err err = {0};
+    if (tok_create_from_tiktoken(RANKS, cfg, &t, &err) < 0) fail_msg("%s", err.msg);
+    assert_string_equal(t->default_system, "You are a helpful assistant");
+    assert_false(t->chat_think);
+    check_conversations(t, json_object_get(json_object_get(CHAT, "k2"), "conversations"), "K2");
+    /* a tool result needs tool_call_id rendering specd does not do: refused */
+    chat_message tm[2] = {{"user", "x", NULL}, {"tool", "{}", NULL}};
+    chat_options opt = {.thinking = -1};
+    char *text;
+    size_t len;
+    assert_int_equal(tok_chat_render(t, tm, 2, &opt, &text, &len, &err), -1);
+    printf("refused: %s\n", err.msg);
+    tok_destroy(t);
+}
+
+static void tokenizer_kimi_chat_k25_template(void **state) {
+    (void)state;
+    const json_t *k25 = json_object_get(CHAT, "k25");
+    const char *tpl = json_string_value(json_object_get(k25, "template"));
+    specd_err err = {0};
+    assert_int_equal(K->chat, CHAT_KIMI); /* bare tiktoken tokenizer: K2.5 style by vocabulary */
+    assert_true(K->chat_think);
+    assert_int_equal(tok_set_chat_template(K, tpl, strlen(tpl), &err), 0);
+    assert_true(K->chat_think);
+    assert_null(K->default_system);
+    check_conversations(K, json_object_get(k25, "conversations"), "K2.5");
+}
+
 int main(void) {
     const char *r = fx_env("SPECD_KIMI_TIKTOKEN");
     if (r) snprintf(RANKS, sizeof RANKS, "%s", r);
@@ -139,14 +233,18 @@ int main(void) {
         return 1;
     }
     STR = fx_load_json("kimi_strings.json");
+    CHAT = fx_load_json("kimi_chat.json");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tokenizer_kimi_reference_vector),
         cmocka_unit_test(tokenizer_kimi_specials),
         cmocka_unit_test(tokenizer_kimi_matches_tiktoken),
         cmocka_unit_test(tokenizer_kimi_class_intersection),
+        cmocka_unit_test(tokenizer_kimi_chat_k2_template),
+        cmocka_unit_test(tokenizer_kimi_chat_k25_template),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     json_decref(STR);
+    json_decref(CHAT);
     tok_destroy(K);
     return rc;
 }
