@@ -1,0 +1,146 @@
+"""test_train.py: pytest for the EAGLE-3 trainer on a tiny synthetic dump.
+
+Needs torch (run with /work/venv-tools/bin/python -m pytest tools/train_eagle3);
+not part of ctest/CI, which has no torch.  Checks:
+  - the loss goes down (learnable synthetic target, make_synthetic_dump.py);
+  - an interrupted run resumed from its checkpoint ends bit-identical to an
+    uninterrupted one (same data order, RNG and optimiser state);
+  - the export is a speculators-layout head that tools/eagle3/reference.py
+    (an independent float64 implementation of the draft forward) loads, and
+    its logits equal the trained model's (bf16-rounded) at every step-0 row
+    and at a training-time-test step 1 row;
+  - the vocabulary map loader refuses absolute d2t and an inconsistent t2d.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "eagle3")]
+import make_synthetic_dump as msd  # noqa: E402
+import reference as ref  # noqa: E402
+import train as tr  # noqa: E402
+from dump import DumpReader  # noqa: E402
+from model import DraftConfig, Eagle3Train  # noqa: E402
+
+STEPS = 24
+
+
+def _args(syn, run, *extra):
+    return ["--run", run, "--dump", os.path.join(syn, "dump"),
+            "--vocab-map", os.path.join(syn, "vocab_map.safetensors"),
+            "--target-config", os.path.join(syn, "target_config.json"),
+            "--target-embed", os.path.join(syn, "embed.npy"),
+            "--steps", str(STEPS), "--tokens-per-step", "96", "--warmup", "3",
+            "--lr", "3e-3", "--ckpt-every", "8", "--log-every", "8", "--threads", "1",
+            "--ttt", "3", *extra]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle3train")
+    syn = str(root / "syn")
+    msd.make(syn, samples=24, length=48, seed=0)
+    a, b = str(root / "runA"), str(root / "runB")
+    tr.main(_args(syn, a, "--stop-after", "12"))
+    assert sorted(os.listdir(os.path.join(a, "ckpt")))[-1] == "step_00000012.pt"
+    tr.main(_args(syn, a))          # resumes at 12
+    tr.main(_args(syn, b))          # uninterrupted
+    return syn, a, b
+
+
+def _log(run):
+    with open(os.path.join(run, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_loss_decreases(runs):
+    _, a, _ = runs
+    log = _log(a)
+    assert [r["step"] for r in log] == list(range(1, STEPS + 1))
+    first = np.mean([r["loss"][0] for r in log[:3]])
+    last = np.mean([r["loss"][0] for r in log[-3:]])
+    print("step-0 loss first3", first, "last3", last)
+    assert last < first - 0.5
+
+
+def test_resume_is_exact(runs):
+    _, a, b = runs
+    ca = torch.load(os.path.join(a, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    cb = torch.load(os.path.join(b, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    assert ca["cursor"] == cb["cursor"]
+    for k in ca["model"]:
+        assert torch.equal(ca["model"][k], cb["model"][k]), k
+
+
+def test_export_matches_reference(runs):
+    syn, a, _ = runs
+    exp = os.path.join(a, "export")
+    with open(os.path.join(exp, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["speculators_model_type"] == "eagle3"
+    assert cfg["architectures"] == ["Eagle3Speculator"]
+    assert cfg["draft_vocab_size"] == msd.VD
+    assert cfg["transformer_layer_config"]["vocab_size"] == msd.VT
+    from safetensors import safe_open
+    with safe_open(os.path.join(exp, "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16
+        assert f.get_tensor("d2t").dtype == torch.int64
+        assert f.get_tensor("t2d").dtype == torch.bool
+        d2t_exp, t2d_exp = f.get_tensor("d2t"), f.get_tensor("t2d")
+    assert "layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+    d2t, t2d = tr.load_vocab_map(os.path.join(syn, "vocab_map.safetensors"), msd.VT)
+    assert torch.equal(d2t, d2t_exp) and torch.equal(t2d, t2d_exp)
+
+    embed = np.load(os.path.join(syn, "embed.npy"))
+    head = ref.Eagle3Head.load(exp, embed)
+    # the trained model with its weights rounded as the export rounds them
+    ck = torch.load(os.path.join(a, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    model = Eagle3Train(DraftConfig(**ck["cfg"]), torch.from_numpy(embed), None)
+    model.load_state_dict({k: v.to(torch.bfloat16).to(torch.float32) for k, v in ck["model"].items()},
+                          strict=False)
+    s = DumpReader(os.path.join(syn, "dump")).get(3)
+    T = 20
+    ids, aux = s["input_ids"][:T], s["aux_hidden"][:T]
+    with torch.no_grad():
+        hs = model.ttt_forward(aux, ids, 2)
+        lg0 = model.logits(hs[0]).double()          # rows 0..T-3
+        lg1 = model.logits(hs[1][-1:]).double()     # step 1, row T-3
+    # reference: prefill over pairs t = 0..T-3, then one fed-back step for the
+    # last row with the teacher-forced token ids[T-1] at position T-2
+    out = ref.run_chain(head, aux[: T - 1].numpy(), ids[: T - 1].numpy(), 0)
+    assert out["prefill_logits"].shape == lg0.shape
+    scale = float(out["prefill_logits"].abs().max())
+    d0 = float((out["prefill_logits"] - lg0).abs().max())
+    cache = ref.DraftCache()
+    h, _ = ref.draft_layer(head, torch.as_tensor(aux[: T - 2].numpy()), ids[1: T - 1],
+                           torch.arange(T - 2), cache, True)
+    _, l1 = ref.draft_layer(head, h[-1:], ids[T - 1: T], torch.tensor([T - 2]), cache, False)
+    d1 = float((l1 - lg1).abs().max())
+    print("export vs reference: step0", d0, "step1", d1, "scale", scale)
+    assert d0 <= 1e-4 * scale and d1 <= 1e-4 * scale
+
+
+def test_vocab_map_refusals(tmp_path):
+    from safetensors.numpy import save_file
+    used = np.array([1, 3, 4, 9], dtype=np.int64)
+    t2d = np.zeros(12, dtype=bool)
+    t2d[used] = True
+    good = used - np.arange(4)
+    p = str(tmp_path / "v.safetensors")
+    save_file({"d2t": good, "t2d": t2d}, p)
+    tr.load_vocab_map(p, 12)
+    save_file({"d2t": used, "t2d": t2d}, p)           # absolute ids, not offsets
+    with pytest.raises(ValueError):
+        tr.load_vocab_map(p, 12)
+    bad = t2d.copy()
+    bad[used[0]], bad[0] = False, True                # t2d disagrees with d2t
+    save_file({"d2t": good, "t2d": bad}, p)
+    with pytest.raises(ValueError):
+        tr.load_vocab_map(p, 12)
