@@ -18,6 +18,21 @@
 
 #include "server/oai.h"
 
+/* The parser only needs the runtime for sampling_params_init; the harness is
+ * built without the engine libraries (they need not compile with the fuzzer
+ * flags), so it carries a stand-in with the defaults engine.h documents. */
+void sampling_params_init(sampling_params *sp) {
+    memset(sp, 0, sizeof *sp);
+    sp->temperature = 1.0f;
+    sp->top_p = 1.0f;
+    sp->top_k = -1;
+    sp->repetition_penalty = 1.0f;
+    sp->max_tokens = 16;
+    sp->logprobs = -1;
+    sp->skip_special_tokens = true;
+    sp->num_speculative_tokens = -1;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int k = 0; k < 2; k++) {
         oai_request r;
