@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from make_mini import K25_EXTRA_SPECIALS  # noqa: E402  (the K2.5 names: one definition)
+
 REPO = os.path.dirname(os.path.dirname(HERE))
 KIMI_DATA = os.environ.get("SPECD_KIMI_DATA",
                            os.path.join(os.path.dirname(REPO), "shared", "data", "kimi-k2"))
@@ -46,10 +50,6 @@ PATTERN = "|".join(PAT_PARTS)
 
 N_BASE = 163584
 N_SPECIAL = 256
-K25_EXTRA_SPECIALS = {   # REFERENCE section 1; absent from the K2-Instruct tokenizer_config
-    163602: "<|media_begin|>", 163603: "<|media_content|>", 163604: "<|media_end|>",
-    163605: "<|media_pad|>", 163606: "<think>", 163607: "</think>",
-}
 BOS, EOS, IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = (
     163584, 163585, 163586, 163587, 163588, 163594, 163601)
 THINK, THINK_END = 163606, 163607

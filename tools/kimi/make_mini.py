@@ -403,6 +403,24 @@ def build_tensors(seed: int, layout: str = "kimi_k25"):
 
 
 CHAT_TEMPLATE = os.path.join(HERE, "chat_template.jinja")
+K25_EXTRA_SPECIALS = {   # REFERENCE section 1: K2.5 names absent from the K2-Instruct config
+    163602: "<|media_begin|>", 163603: "<|media_content|>", 163604: "<|media_end|>",
+    163605: "<|media_pad|>", 163606: "<think>", 163607: "</think>",
+}
+
+
+def tokenizer_config() -> dict:
+    """K2-Instruct's tokenizer_config.json (shared/data) made K2.5-like: the K2.5 special-token
+    names added to added_tokens_decoder, and no embedded chat_template (the K2.5-style template
+    ships as chat_template.jinja next to it)."""
+    cfg = json.load(open(os.path.join(KIMI_DATA, "tokenizer_config.k2-instruct.json"), encoding="utf-8"))
+    cfg.pop("chat_template", None)
+    dec = cfg["added_tokens_decoder"]
+    for i, name in K25_EXTRA_SPECIALS.items():
+        dec.setdefault(str(i), {"content": name, "lstrip": False, "normalized": False,
+                                "rstrip": False, "single_word": False, "special": True})
+    cfg["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
+    return cfg
 
 
 def make(seed: int, out: str, text_model_type: str = "kimi_k2", layout: str = "kimi_k25",
@@ -433,8 +451,7 @@ def make(seed: int, out: str, text_model_type: str = "kimi_k2", layout: str = "k
           {"bos_token_id": BOS, "eos_token_id": IM_END, "do_sample": False})
     if tokenizer_files:
         shutil.copyfile(os.path.join(KIMI_DATA, "tiktoken.model"), os.path.join(out, "tiktoken.model"))
-        shutil.copyfile(os.path.join(KIMI_DATA, "tokenizer_config.k2-instruct.json"),
-                        os.path.join(out, "tokenizer_config.json"))
+        _dump(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
         if os.path.exists(CHAT_TEMPLATE):
             shutil.copyfile(CHAT_TEMPLATE, os.path.join(out, "chat_template.jinja"))
     return {f: sha256_file(os.path.join(out, f)) for f in sorted(os.listdir(out))}
