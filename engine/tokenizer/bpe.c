@@ -130,21 +130,22 @@ done:
 
 /* --------------------------------------------------------- per-call cache */
 
+typedef struct cache_entry {
+    uint64_t hash;
+    const char *key; /* into the text being encoded; NULL = empty slot */
+    uint32_t klen, ids_off, ids_n;
+} cache_entry;
+
 typedef struct piece_cache {
-    const char **key; /* into the text being encoded */
-    uint32_t *klen;
-    uint32_t *ids_off, *ids_n; /* into vals */
+    cache_entry *e; /* cap slots; small enough to stay in cache (1 MB at most) */
     size_t cap, n;
-    tok_ids vals;
+    tok_ids vals; /* ids of all cached pieces, back to back */
 } piece_cache;
 
 enum { CACHE_MIN_TEXT = 2048, CACHE_MAX_PIECE = 128 };
 
 static void cache_free(piece_cache *c) {
-    free(c->key);
-    free(c->klen);
-    free(c->ids_off);
-    free(c->ids_n);
+    free(c->e);
     free(c->vals.v);
     memset(c, 0, sizeof *c);
 }
@@ -152,15 +153,8 @@ static void cache_free(piece_cache *c) {
 static int cache_init(piece_cache *c, size_t cap) {
     memset(c, 0, sizeof *c);
     c->cap = cap;
-    c->key = calloc(cap, sizeof *c->key);
-    c->klen = malloc(cap * sizeof *c->klen);
-    c->ids_off = malloc(cap * sizeof *c->ids_off);
-    c->ids_n = malloc(cap * sizeof *c->ids_n);
-    if (!c->key || !c->klen || !c->ids_off || !c->ids_n) {
-        cache_free(c);
-        return -1;
-    }
-    return 0;
+    c->e = calloc(cap, sizeof *c->e);
+    return c->e ? 0 : -1;
 }
 
 typedef struct enc_ctx {
@@ -178,22 +172,23 @@ static int on_piece(void *vctx, const char *piece, size_t len) {
 static int on_piece_impl(enc_ctx *c, const char *piece, size_t len) {
     piece_cache *pc = &c->cache;
     if (!pc->cap || len < 2 || len > CACHE_MAX_PIECE) return bpe_piece(c->t, (const unsigned char *)piece, len, c->out);
-    size_t mask = pc->cap - 1, i = (size_t)tok_hash_bytes(piece, len) & mask;
-    while (pc->key[i]) {
-        if (pc->klen[i] == len && memcmp(pc->key[i], piece, len) == 0) {
-            for (uint32_t k = 0; k < pc->ids_n[i]; k++)
-                if (tok_ids_push(c->out, pc->vals.v[pc->ids_off[i] + k]) < 0) return -1;
+    uint64_t h = tok_hash_bytes(piece, len);
+    size_t mask = pc->cap - 1, i = (size_t)h & mask;
+    for (cache_entry *e; (e = &pc->e[i])->key; i = (i + 1) & mask)
+        if (e->hash == h && e->klen == len && memcmp(e->key, piece, len) == 0) {
+            for (uint32_t k = 0; k < e->ids_n; k++)
+                if (tok_ids_push(c->out, pc->vals.v[e->ids_off + k]) < 0) return -1;
             return 0;
         }
-        i = (i + 1) & mask;
-    }
     size_t before = c->out->n;
     if (bpe_piece(c->t, (const unsigned char *)piece, len, c->out) < 0) return -1;
-    if ((pc->n + 1) * 2 > pc->cap) return 0; /* full: stop caching */
-    pc->key[i] = piece;
-    pc->klen[i] = (uint32_t)len;
-    pc->ids_off[i] = (uint32_t)pc->vals.n;
-    pc->ids_n[i] = (uint32_t)(c->out->n - before);
+    if ((pc->n + 1) * 2 > pc->cap || pc->vals.n > (1u << 24)) { /* full: start over */
+        memset(pc->e, 0, pc->cap * sizeof *pc->e);
+        pc->n = 0;
+        pc->vals.n = 0;
+        i = (size_t)h & mask;
+    }
+    pc->e[i] = (cache_entry){h, piece, (uint32_t)len, (uint32_t)pc->vals.n, (uint32_t)(c->out->n - before)};
     pc->n++;
     for (size_t k = before; k < c->out->n; k++)
         if (tok_ids_push(&pc->vals, c->out->v[k]) < 0) return -1;
@@ -247,7 +242,7 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool parse_spec
     if (!md) return -1;
     if (len >= CACHE_MIN_TEXT) {
         size_t cap = 1024;
-        while (cap < len / 2 && cap < (1u << 20)) cap <<= 1;
+        while (cap < len / 16 && cap < (1u << 15)) cap <<= 1;
         if (cache_init(&c.cache, cap) < 0) goto oom;
     }
     size_t start = 0;

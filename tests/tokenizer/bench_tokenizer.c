@@ -1,12 +1,13 @@
 /*
  * bench_tokenizer.c: encode throughput of the GGUF tokenizer on a file (not a
  * test; target tokenizer_bench).
- *   tokenizer_bench MODEL.gguf TEXT_FILE [REPEAT]
+ *   tokenizer_bench MODEL.gguf|tiktoken.model|DIR TEXT_FILE [REPEAT]
  * Prints MB/s and tokens/s for tok_encode (plain text, one call per file),
  * measured in process CPU time (the build machine is shared).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "engine/loader/gguf.h"
@@ -14,7 +15,7 @@
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL.gguf TEXT_FILE [REPEAT]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf|tiktoken.model|DIR TEXT_FILE [REPEAT]\n", argv[0]);
         return 2;
     }
     int rep = argc > 3 ? atoi(argv[3]) : 3;
@@ -27,9 +28,17 @@ int main(int argc, char **argv) {
     if (fread(text, 1, (size_t)n, f) != (size_t)n) return 1;
     fclose(f);
     specd_err err = {0};
-    gguf_file *g;
+    gguf_file *g = NULL;
     tokenizer *t;
-    if (gguf_open(argv[1], &g, &err) < 0 || tok_create_from_gguf(g, &t, &err) < 0) {
+    size_t al = strlen(argv[1]);
+    int rc;
+    if (al > 5 && strcmp(argv[1] + al - 5, ".gguf") == 0)
+        rc = gguf_open(argv[1], &g, &err) < 0 ? -1 : tok_create_from_gguf(g, &t, &err);
+    else if (al > 6 && strcmp(argv[1] + al - 6, ".model") == 0)
+        rc = tok_create_from_tiktoken(argv[1], NULL, &t, &err);
+    else
+        rc = tok_create_from_dir(argv[1], &t, &err);
+    if (rc < 0) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }

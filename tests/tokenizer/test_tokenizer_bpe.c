@@ -245,6 +245,62 @@ static void tokenizer_large_text_and_throughput(void **state) {
     free(text);
 }
 
+/* The per-call piece cache (texts >= 2 KB) is reset when full: a text with
+ * ~40k distinct words must encode exactly as its small pieces do without a
+ * cache (chunks cut before a space, < 2 KB each). Also random byte strings
+ * (all of whose bytes have tokens) round-trip through encode/decode. */
+static void tokenizer_cache_reset_and_random_bytes(void **state) {
+    (void)state;
+    size_t cap = 1 << 20, len = 0;
+    char *text = malloc(cap);
+    for (unsigned i = 0; i < 40000; i++) {
+        char w[16];
+        int wl = 0;
+        w[wl++] = ' ';
+        for (unsigned v = i * 2654435761u % 1000003u; v; v /= 26) w[wl++] = (char)('a' + v % 26);
+        memcpy(text + len, w, (size_t)wl);
+        len += (size_t)wl;
+    }
+    int32_t *all, *part;
+    size_t n_all, n_part;
+    specd_err err = {0};
+    assert_int_equal(tok_encode(T, text, len, false, &all, &n_all, &err), 0);
+    size_t pos = 0, k = 0;
+    while (pos < len) {
+        size_t end = pos + 1500 < len ? pos + 1500 : len;
+        while (end < len && text[end] != ' ') end++;
+        assert_int_equal(tok_encode(T, text + pos, end - pos, false, &part, &n_part, &err), 0);
+        assert_true(k + n_part <= n_all);
+        assert_memory_equal(all + k, part, n_part * sizeof *part);
+        k += n_part;
+        free(part);
+        pos = end;
+    }
+    assert_int_equal(k, n_all);
+    free(all);
+    free(text);
+    /* random bytes */
+    uint64_t x = 88172645463325252ull;
+    char buf[256];
+    for (int r = 0; r < 3000; r++) {
+        size_t n = 0, want = (size_t)(r % 200);
+        while (n < want) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            char c = (char)(x & 0xFF);
+            if (tok_token_id(T, &c, 1) >= 0 && !tok_is_special(T, tok_token_id(T, &c, 1))) buf[n++] = c;
+        }
+        int32_t *ids;
+        size_t nid, dl;
+        char *d;
+        assert_int_equal(tok_encode(T, buf, n, true, &ids, &nid, &err), 0);
+        assert_int_equal(tok_decode(T, ids, nid, false, &d, &dl, &err), 0);
+        assert_int_equal(dl, n);
+        assert_memory_equal(d, buf, n);
+        free(d);
+        free(ids);
+    }
+}
+
 int main(void) {
     fx_require_model();
     T = fx_smollm2();
@@ -255,6 +311,7 @@ int main(void) {
         cmocka_unit_test(tokenizer_decode_roundtrip),
         cmocka_unit_test(tokenizer_stream_matches_lossy_decode),
         cmocka_unit_test(tokenizer_large_text_and_throughput),
+        cmocka_unit_test(tokenizer_cache_reset_and_random_bytes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     json_decref(STR);
