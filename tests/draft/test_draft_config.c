@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+#include <math.h>
 
 #include "draft/eagle3_config.h"
 
@@ -210,6 +212,45 @@ static void test_pickle_only_dir_refused(void **state) {
     rmdir(dir);
 }
 
+/* RoPE inverse frequencies vs transformers (tests/fixtures/draft/rope_inv_freq.json,
+ * tools/gen_draft_fixtures.py): default theta (given / missing), linear and
+ * Llama 3.1 "llama3" rope_scaling. */
+static void test_rope_inv_freq_vs_transformers(void **state) {
+    (void)state;
+    char p[1024];
+    const char *src = getenv("SPECD_SOURCE_DIR");
+    snprintf(p, sizeof p, "%s/tests/fixtures/draft/rope_inv_freq.json", src ? src : ".");
+    json_error_t je;
+    json_t *fx = json_load_file(p, 0, &je);
+    assert_non_null(fx);
+    json_t *cases = json_object_get(fx, "cases");
+    assert_int_equal(json_array_size(cases), 4);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *cs = json_array_get(cases, i);
+        json_t *cfg = json_deep_copy(json_object_get(cs, "config"));
+        json_object_set_new(cfg, "draft_vocab_size", json_integer(100));
+        json_object_set_new(cfg, "vocab_size", json_integer(1000));
+        json_object_set_new(cfg, "intermediate_size", json_integer(128));
+        char *text = json_dumps(cfg, 0);
+        eagle3_config c;
+        parse_ok(text, &c);
+        json_t *ref = json_object_get(cs, "inv_freq");
+        assert_int_equal(json_array_size(ref), c.head_dim / 2);
+        float inv[512];
+        eagle3_config_inv_freq(&c, inv);
+        double worst = 0;
+        for (int32_t k = 0; k < c.head_dim / 2; k++) {
+            double r = json_number_value(json_array_get(ref, (size_t)k));
+            worst = fmax(worst, fabs(inv[k] - r) / r);
+        }
+        if (worst > 1e-6) fprintf(stderr, "%s: worst relative diff %.3g\n", json_string_value(json_object_get(cs, "name")), worst);
+        assert_true(worst <= 1e-6);
+        free(text);
+        json_decref(cfg);
+    }
+    json_decref(fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_speculators_layout),
@@ -218,6 +259,7 @@ int main(void) {
         cmocka_unit_test(test_aux_layer_conventions),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_pickle_only_dir_refused),
+        cmocka_unit_test(test_rope_inv_freq_vs_transformers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
