@@ -354,6 +354,16 @@ static int run_bench(cli *c) {
         }
         int have_after = have_before && snapshot(url, c->metrics_path, &after) == 0;
         if (have_after) bench_spec_diff(&after, &before, &diff);
+        /* Counters are scraped, not transactional: a server may publish its
+         * counters a moment after it sent the last usage chunk. Wait (<= 5 s)
+         * until its token counter covers what usage reported. */
+        double usage_total = 0;
+        for (size_t i = 0; i < run.n; i++) usage_total += run.rec[i].output_tokens > 0 ? (double)run.rec[i].output_tokens : 0;
+        for (int tries = 0; have_after && diff.has_tokens && diff.generation_tokens < usage_total && tries < 50; tries++) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            if (snapshot(url, c->metrics_path, &after) == 0) bench_spec_diff(&after, &before, &diff);
+        }
         bench_metrics m;
         if (bench_metrics_compute(&run, have_after ? &diff : NULL, qs, (size_t)n_q, &m)) {
             fprintf(stderr, "specd-bench: out of memory\n");

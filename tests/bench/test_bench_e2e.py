@@ -17,12 +17,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_util as bu  # noqa: E402
 
 N_PROMPTS = 4
-MAX_TOKENS = 12
+MAX_TOKENS = 8
 
 
 def main():
@@ -53,14 +54,22 @@ def main():
             assert gen0 is not None, "server /metrics has no *generation_tokens_total counter"
             out = os.path.join(tmp, "result%s.json" % endpoint.replace("/", "_"))
             p = bu.run_bench(["--base-url", base, "--endpoint", endpoint, "--dataset-name", "random",
-                              "--random-input-len", "24", "--num-prompts", str(N_PROMPTS), "--max-tokens",
+                              "--random-input-len", "16", "--num-prompts", str(N_PROMPTS), "--max-tokens",
                               str(MAX_TOKENS), "--ignore-eos", "--max-concurrency", "2", "--seed", "3",
                               "--server-cmd", " ".join(cmd), "--save-result", "--result-filename", out],
                              timeout=600)
             assert p.returncode == 0, "specd-bench exited %d" % p.returncode
-            gen1 = bu.metric_sum(base, "generation_tokens_total")
-            prm1 = bu.metric_sum(base, "prompt_tokens_total")
             r = bu.load(out)
+            # /metrics is scraped, not transactional: allow the server a moment to publish
+            # the counters of the last step after it sent the last usage chunk
+            for attempt in range(100):
+                gen1 = bu.metric_sum(base, "generation_tokens_total")
+                prm1 = bu.metric_sum(base, "prompt_tokens_total")
+                if gen1 - gen0 >= r["total_output_tokens"]:
+                    break
+                time.sleep(0.1)
+            if attempt:
+                print("note: /metrics lagged the last usage chunk by ~%d ms" % (attempt * 100))
             assert r["completed"] == N_PROMPTS and r["failed"] == 0, r["failure_reasons"]
             assert r["total_output_tokens"] == gen1 - gen0, (endpoint, r["total_output_tokens"], gen1 - gen0)
             if prm0 is not None:
