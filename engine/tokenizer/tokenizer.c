@@ -11,6 +11,7 @@
 #define _GNU_SOURCE /* qsort_r */
 #include "engine/tokenizer/tok_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -202,13 +203,15 @@ int tok_bytelevel_byte(uint32_t cp) {
     return -1;
 }
 
+static int16_t bl_inv[0x100 + 68]; /* code point -> byte, -1 if unmapped */
+static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
+static void bl_init(void) {
+    for (uint32_t cp = 0; cp < 0x100 + 68; cp++) bl_inv[cp] = (int16_t)tok_bytelevel_byte(cp);
+}
+
 size_t tok_bytelevel_decode(const char *s, size_t len, char *out) {
-    static int16_t inv[0x100 + 68];
-    static bool ready;
-    if (!ready) { /* idempotent: racing threads write identical values */
-        for (uint32_t cp = 0; cp < 0x100 + 68; cp++) inv[cp] = (int16_t)tok_bytelevel_byte(cp);
-        __atomic_store_n(&ready, true, __ATOMIC_RELEASE);
-    }
+    pthread_once(&bl_once, bl_init);
+    const int16_t *inv = bl_inv;
     const unsigned char *u = (const unsigned char *)s;
     size_t o = 0, i = 0;
     while (i < len) {
