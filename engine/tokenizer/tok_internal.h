@@ -155,8 +155,8 @@ int tok_set_token(tokenizer *t, int32_t id, const char *bytes, size_t len, uint8
  * looks the merged bytes up in by_bytes). tok_add_merge returns 1 (not an
  * error) for a merge whose result is not in the vocabulary. */
 int tok_finish(tokenizer *t, specd_err *err);
-/* Recomputes the stop ids (EOS, then <|im_end|>, <|endoftext|>, [EOS],
- * <|eot_id|> when they are special tokens) after t->eos changes. */
+/* Recomputes the stop ids (EOS, then <|im_end|> when it is a special token)
+ * after t->eos changes. */
 void tok_set_stops(tokenizer *t);
 int tok_add_merge(tokenizer *t, int32_t left, int32_t right, int32_t rank, specd_err *err);
 /* Chat template: stores a copy and detects the family (CHAT_NONE if unknown,

@@ -318,7 +318,10 @@ static void add_stop(tokenizer *t, int32_t id) {
 void tok_set_stops(tokenizer *t) {
     t->n_stop = 0;
     add_stop(t, t->eos);
-    static const char *const stop_names[] = {"<|im_end|>", "<|endoftext|>", "[EOS]", "<|eot_id|>"};
+    /* EOS plus the end-of-turn token of the chat families (REFERENCE: Kimi
+     * stops on [EOS] and <|im_end|>). <|endoftext|> is deliberately not added:
+     * HF generate would not stop on it for SmolLM2-Instruct (eos 2). */
+    static const char *const stop_names[] = {"<|im_end|>"};
     for (size_t i = 0; i < sizeof stop_names / sizeof stop_names[0]; i++) {
         int32_t id = tok_strmap_get(&t->by_bytes, stop_names[i], strlen(stop_names[i]));
         if (id >= 0 && (t->attr[id] & TOK_ATTR_SPECIAL)) add_stop(t, id);

@@ -61,6 +61,7 @@ static void tokenizer_kimi_specials(void **state) {
         im_end |= stop[i] == 163586;
     }
     assert_true(eos && im_end);
+    assert_int_equal(ns, 2);
 }
 
 static void tokenizer_kimi_matches_tiktoken(void **state) {
