@@ -6,11 +6,12 @@
  * tools/gen_tokenizer_fixtures.py checked they were, into a temporary
  * directory with the saved tokenizer_config.json and chat_template.jinja.
  *
- *  - "smollm2": pre-tokenizer Sequence[Digits, ByteLevel] as on the hub: ids
- *    must equal HF tokenizers' (fixture) and so the GGUF path's.
+ *  - "smollm2": pre-tokenizer Sequence[Digits, ByteLevel] as on the hub (and
+ *    merges written as "left right" strings, the hub file's format): ids must
+ *    equal HF tokenizers' (fixture) and so the GGUF path's.
  *  - "transformers_gguf": transformers' own conversion (ByteLevel only): ids
  *    must equal what HF computes with that file (ids_transformers_gguf where
- *    it differs from SmolLM2's).
+ *    it differs from SmolLM2's); merges as [left, right] pairs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -50,7 +51,11 @@ static char *make_tokenizer_dir(const char *variant) {
         assert_int_equal(gguf_arr_str(merges, i, &s, &l), 0);
         const char *sp = memchr(s, ' ', l);
         assert_non_null(sp);
-        json_t *pair = json_array();
+        if (strcmp(variant, "smollm2") == 0) { /* the hub file's older "left right" strings */
+            json_array_append_new(marr, json_stringn(s, l));
+            continue;
+        }
+        json_t *pair = json_array(); /* save_pretrained's [left, right] pairs */
         json_array_append_new(pair, json_stringn(s, (size_t)(sp - s)));
         json_array_append_new(pair, json_stringn(sp + 1, l - (size_t)(sp - s) - 1));
         json_array_append_new(marr, pair);
