@@ -70,6 +70,7 @@ typedef struct eagle3_opts {
     int32_t n_blocks;      /* draft KV blocks (block size = the target's); <= 0: target's n_blocks + 256 */
     int32_t max_rows;      /* rows per draft forward call (long prefills are chunked); <= 0: 512 */
     bool argmax_drafts;    /* true: argmax drafts with one-hot q even at temperature > 0 */
+    bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     uint64_t seed;         /* draft sampling RNG seed */
 } eagle3_opts;
 

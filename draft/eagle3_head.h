@@ -39,6 +39,9 @@ typedef struct eagle3_head_opts {
     eagle3_aux_convention aux_ids_convention;
     int32_t block_size;        /* draft KV block size (the engine's) */
     int32_t n_blocks;          /* draft KV blocks */
+    bool q8_0;                 /* re-quantize bf16/f16/f32 matrices (fc, q/k/v/o, MLP, lm_head) to
+                                  ggml Q8_0 at load: about half the bytes read per draft step on CPU,
+                                  logits within ~1e-2 of max|logit| (tests/draft/test_draft_forward.c) */
 } eagle3_head_opts;
 
 typedef struct eagle3_head eagle3_head;

@@ -12,7 +12,8 @@
  *   norm.weight [H]; lm_head.weight [Vd, H] (optional); embed_tokens.weight
  *   [Vt, H] (optional); d2t int64 [Vd] (optional); t2d bool [Vt] (optional).
  * Matrices in bf16 / f16 / f32 are used IN PLACE from the mapping (copied
- * only when misaligned); norms and biases are converted to f32 copies.
+ * only when misaligned), or re-quantized to Q8_0 copies when asked (a CPU
+ * speed option); norms and biases are converted to f32 copies.
  * Absent embed_tokens: the target's table is shared (needs H == Ht). Absent
  * lm_head: the target's LM-head rows used[0..Vd) are gathered into a copy in
  * the target's own storage format.
@@ -20,11 +21,13 @@
  * vocab map passed eagle3_vocab_validate; aux layers lie inside the target.
  * Threading: engine thread only.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "draft/eagle3_internal.h"
+#include "engine/loader/gguf.h" /* fp16 conversion */
 #include "engine/util/log.h"
 
 static void *head_own(eagle3_head *h, size_t bytes) {
@@ -243,6 +246,38 @@ static int load_tensors(eagle3_head *h, specd_err *err) {
     return 0;
 }
 
+/* Q8_0 (ggml): blocks of 32 values, fp16 scale d = max|x| / 127, int8 q = round(x / d). */
+static int requant_q8_0(eagle3_head *h, bk_weight *w, specd_err *err) {
+    if (w->type != BK_W_F32 && w->type != BK_W_BF16 && w->type != BK_W_F16) return 0; /* already packed */
+    if (w->cols % 32) return specd_err_set(err, "cannot quantize a matrix of %lld columns to Q8_0", (long long)w->cols);
+    const size_t nb = (size_t)(w->cols / 32), row_bytes = nb * 34;
+    uint8_t *dst = head_own(h, row_bytes * (size_t)w->rows);
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    if (!dst || !row) {
+        free(row);
+        return specd_err_set(err, "out of memory quantizing the draft head");
+    }
+    for (int64_t r = 0; r < w->rows; r++) {
+        bk_weight_row_f32(w, r, row);
+        for (size_t b = 0; b < nb; b++) {
+            const float *x = row + b * 32;
+            uint8_t *blk = dst + (size_t)r * row_bytes + b * 34;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+            uint16_t dh = specd_f32_to_fp16(d);
+            memcpy(blk, &dh, 2);
+            for (int i = 0; i < 32; i++) blk[2 + i] = (uint8_t)(int8_t)lroundf(x[i] * id);
+        }
+    }
+    free(row);
+    w->type = BK_W_Q8_0;
+    w->data = dst;
+    w->row_bytes = row_bytes;
+    w->scales = NULL;
+    return 0;
+}
+
 static int alloc_kv(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
     h->block_size = o && o->block_size > 0 ? o->block_size : 16;
     h->n_blocks = o && o->n_blocks > 0 ? o->n_blocks : 1024;
@@ -283,6 +318,11 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     int32_t n = eagle3_config_aux_layers(c, t->n_layers, o ? o->aux_ids_convention : EAGLE3_AUX_AUTO, h->n_aux,
                                          h->aux_layers, err);
     if (n < 0) goto fail;
+    if (o && o->q8_0) {
+        bk_weight *mats[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->wgate, &h->wup, &h->wdown, &h->lm_head};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (requant_q8_0(h, mats[i], err) < 0) goto fail;
+    }
     h->inv_freq = head_own(h, sizeof(float) * (size_t)(c->head_dim / 2));
     if (!h->inv_freq) { specd_err_set(err, "out of memory"); goto fail; }
     eagle3_config_inv_freq(c, h->inv_freq);
