@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include "engine/util/log.h"
+#ifdef SPECD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "server/auth.h"
 
 static bool is_dir(const char *p) {
@@ -32,6 +35,28 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
     snprintf(buf, cap, "%.*s", (int)len, model_path + b);
 }
 
+/* --device cuda: tells which of the two fallbacks applies (no usable GPU, or
+ * a GPU the engine cannot use yet); the engine runs on the CPU either way. */
+static void specd_probe_cuda(void) {
+#ifdef SPECD_HAVE_CUDA
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    if (ce != cudaSuccess || n == 0) {
+        LOG_WARN("--device cuda: no usable GPU (%s); falling back to cpu",
+                 ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+        return;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        LOG_WARN("--device cuda: %d GPU(s) (%s), but the engine has no CUDA backend wired in yet; using cpu", n,
+                 prop.name);
+    else
+        LOG_WARN("--device cuda: %d GPU(s), but the engine has no CUDA backend wired in yet; using cpu", n);
+#else
+    LOG_WARN("--device cuda: this binary was built without CUDA; falling back to cpu");
+#endif
+}
+
 static int load_tokenizer(const char *model_path, const gguf_file *g, specd_bundle *b, specd_err *err) {
     if (g) return tok_create_from_gguf(g, &b->tok, err);
     char path[4096];
@@ -51,8 +76,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
     b->device = "cpu";
-    if (cfg->device && !strcmp(cfg->device, "cuda"))
-        LOG_WARN("--device cuda: this build has no CUDA backend wired into the engine yet; falling back to cpu");
+    if (cfg->device && !strcmp(cfg->device, "cuda")) specd_probe_cuda();
     b->be = bk_cpu_create(cfg->threads);
     if (!b->be) {
         specd_err_set(err, "cannot create the CPU backend");
@@ -80,9 +104,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
                       (long long)cfg->kv_cache_memory, (long long)kv_tokens, b->max_model_len);
         goto fail;
     }
-    LOG_INFO("model %s: %s, %d layers, hidden %d, vocab %d; KV %d blocks x %d tokens; max_model_len %d", model_path,
-             mc->name, mc->n_layers, mc->hidden, mc->vocab, model_kv_n_blocks(b->m), model_kv_block_size(b->m),
-             b->max_model_len);
+    LOG_INFO("max_model_len %d (KV pool holds %lld tokens)", b->max_model_len, (long long)kv_tokens);
     if (b->spec.enabled) {
         specd_err_set(err, "speculative decoding (--draft %s) is not wired into this build yet", b->spec.model);
         goto fail;

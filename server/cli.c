@@ -107,7 +107,12 @@ int specd_generate_main(int argc, char **argv) {
         rc = 2;
         goto out;
     }
-    if (!getenv("SPECD_LOG_LEVEL") && (!cfg.log_level || !strcmp(cfg.log_level, "info"))) log_set_level(LOG_LVL_WARN);
+    /* quiet by default (the text is the output); --log-level / SPECD_LOG_LEVEL override */
+    bool level_given = getenv("SPECD_LOG_LEVEL") != NULL;
+    for (int i = 0; i < argc; i++) level_given |= !strncmp(argv[i], "--log-level", 11);
+    const char *lv = level_given && cfg.log_level ? cfg.log_level : "warn";
+    log_set_level(!strcmp(lv, "debug") ? LOG_LVL_DEBUG : !strcmp(lv, "info") ? LOG_LVL_INFO
+                  : !strcmp(lv, "error") ? LOG_LVL_ERROR : LOG_LVL_WARN);
     if (specd_bundle_load(pos[0], &cfg, &b, &err) || engine_start(b.eng, &err)) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
         goto out;
