@@ -65,6 +65,7 @@ void engine_output_free(engine_output *o) {
     if (!o) return;
     free(o->token_ids);
     free(o->logprobs);
+    free(o->prompt_logprobs);
     free(o->text);
     free(o);
 }
@@ -154,6 +155,12 @@ void engine_push_output(engine *e, sched_seq *s, const char *error) {
         o->ttft_s = engine_now_s() - s->t_submit;
     }
     if (error) snprintf(o->error, sizeof o->error, "%s", error);
+    if (s->plp && !s->plp_sent && s->n_plp == s->n_prompt - 1 && o->n_tokens) {
+        o->prompt_logprobs = s->plp; /* ownership moves to the output */
+        o->n_prompt_logprobs = (size_t)s->n_plp;
+        s->plp = NULL;
+        s->plp_sent = true;
+    }
     stream_push(s->stream, o);
 done:
     (void)e;
@@ -229,6 +236,7 @@ void sched_seq_free(engine *e, sched_seq *s) {
     post_params_free(&s->pp);
     post_delta_free(&s->delta);
     free(s->lp);
+    free(s->plp);
     free(s->tokens);
     free(s->suppress);
     if (s->stream) {
@@ -317,7 +325,11 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     if (post_init(&s->post, &e->detok, r->sp.skip_special_tokens) != 0) goto fail;
     post_delta_reset(&s->delta);
     kv_seq_init(&s->kv);
-    s->prompt_logprobs = r->prompt_logprobs;
+    s->prompt_logprobs = r->prompt_logprobs && r->n_prompt > 1;
+    if (s->prompt_logprobs) {
+        s->plp = calloc(r->n_prompt - 1, sizeof *s->plp);
+        if (!s->plp) goto fail;
+    }
     int32_t k = r->sp.num_speculative_tokens < 0 ? e->cfg.num_speculative_tokens : r->sp.num_speculative_tokens;
     s->k = e->proposer ? k : 0;
     s->t_submit = engine_now_s();
@@ -325,6 +337,7 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
 fail:
     post_free(&s->post);
     post_params_free(&s->pp);
+    free(s->plp);
     free(s->tokens);
     free(s->suppress);
     free(s);

@@ -63,7 +63,8 @@ typedef struct engine_request {
     size_t n_prompt;
     sampling_params sp;
     const char *request_id;     /* for logs; copied */
-    /* Prompt positions whose logprobs are wanted (echo + logprobs): 0 = none. */
+    /* Prompt positions whose logprobs are wanted (echo + logprobs): 0 = none.
+     * Such a request bypasses prefix-cache hits (cached blocks have no logits). */
     bool prompt_logprobs;
 } engine_request;
 
@@ -95,6 +96,10 @@ typedef struct engine_output {
     int32_t n_cached_prompt_tokens;         /* prefix-cache hits */
     double ttft_s;                          /* set on the first output: submit -> first token */
     char error[256];
+    /* engine_request.prompt_logprobs only, on the first output: entry i is the
+     * raw logprob of prompt token i+1 given tokens [0, i] (the first prompt
+     * token has none), with top-N (N = sp.logprobs, at least 0). */
+    token_logprob *prompt_logprobs; size_t n_prompt_logprobs;
 } engine_output;
 
 void engine_output_free(engine_output *o); /* NULL ok */
@@ -128,7 +133,7 @@ typedef struct engine_config {
     int32_t max_model_len;          /* prompt + generated tokens per sequence */
     int32_t max_num_seqs;           /* running sequences per step */
     int32_t max_num_batched_tokens; /* token budget per step (chunked prefill) */
-    int32_t max_waiting;            /* bounded waiting queue; submit fails past it (429) */
+    int32_t max_waiting;            /* bounded waiting queue; submit fails past it (429); <= 0 = unbounded */
     bool enable_prefix_caching;
     int32_t num_speculative_tokens; /* default k when a proposer is attached; 0 = off */
 } engine_config;

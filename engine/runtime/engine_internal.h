@@ -60,6 +60,12 @@ typedef struct sched_seq {
     int32_t n_computed;           /* leading tokens whose KV is in the cache */
     int32_t n_cached_prompt;      /* prefix-cache hit tokens at first admission */
     bool prompt_logprobs;         /* echo + logprobs: prefix-cache hits disabled */
+    token_logprob *plp;           /* [n_prompt - 1] prompt logprobs, filled chunk by chunk */
+    int32_t n_plp;                /* entries filled (positions [0, n_plp) done) */
+    bool plp_sent;
+    int32_t sched_plp_row;        /* first logits row of this step's prompt-logprob positions */
+    int32_t sched_plp_pos;        /* first such position */
+    int32_t sched_plp_n;          /* rows for positions sched_plp_pos .. + sched_plp_n - 1 */
     int32_t *suppress; size_t n_suppress; /* EOS (unless ignore_eos) + stop ids, masked before min_tokens */
     bool admitted_once;
     kv_seq kv;

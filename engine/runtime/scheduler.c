@@ -119,6 +119,16 @@ static void intake_and_aborts(engine *e) {
 
 /* ---------------------------------------------------------------- schedule */
 
+/* Prompt-logprob sequences get at most this many tokens per step (each needs a
+ * logits row of vocab floats). */
+#define SCHED_PLP_CHUNK 256
+
+static int32_t cap_chunk(const sched_seq *s, int32_t n_new) {
+    if (s->prompt_logprobs && s->n_plp < s->n_prompt - 1 && n_new > SCHED_PLP_CHUNK) return SCHED_PLP_CHUNK;
+    return n_new;
+}
+
+
 static void preempt(engine *e, sched_seq *s) {
     kv_seq_free(e->kv, &s->kv);
     s->n_computed = 0;
@@ -143,7 +153,7 @@ static void schedule(engine *e) {
     /* running sequences, oldest first */
     for (size_t i = 0; i < e->n_running && budget > 0;) {
         sched_seq *s = e->running[i];
-        int32_t n_new = s->n_tokens - s->n_computed; /* speculative hook: + s->k drafts */
+        int32_t n_new = cap_chunk(s, s->n_tokens - s->n_computed); /* speculative hook: + s->k drafts */
         if (n_new > budget) n_new = budget;
         bool self_preempted = false;
         while (kv_seq_ensure(e->kv, &s->kv, s->n_computed + n_new, NULL) != 0) {
@@ -169,7 +179,7 @@ static void schedule(engine *e) {
         int32_t hit = 0;
         if (s->n_computed == 0 && !s->prompt_logprobs) /* no cached logits for prompt logprobs */
             hit = kv_seq_match_prefix(e->kv, &s->kv, s->tokens, s->n_tokens, NULL, 0);
-        int32_t n_new = s->n_tokens - hit;
+        int32_t n_new = cap_chunk(s, s->n_tokens - hit);
         if (n_new > budget) n_new = budget;
         if (kv_seq_ensure(e->kv, &s->kv, hit + n_new, NULL) != 0) {
             kv_seq_free(e->kv, &s->kv); /* give the hit blocks back; retry next step */
@@ -194,12 +204,8 @@ static void schedule(engine *e) {
 /* ---------------------------------------------------------------- run */
 
 static int run_batch(engine *e, specd_err *err) {
-    size_t n_tok = 0, n_out = 0;
-    for (size_t i = 0; i < e->n_sched; i++) {
-        sched_seq *s = e->sched[i];
-        n_tok += (size_t)s->sched_new;
-        if (s->n_computed + s->sched_new == s->n_tokens) s->sched_out = (int32_t)n_out++;
-    }
+    size_t n_tok = 0;
+    for (size_t i = 0; i < e->n_sched; i++) n_tok += (size_t)e->sched[i]->sched_new;
     if (grow((void **)&e->b_tok, &e->cap_batch, n_tok, sizeof *e->b_tok) != 0) goto oom;
     size_t cap = e->cap_batch;
     int32_t *np = realloc(e->b_pos, cap * sizeof *np);
@@ -212,16 +218,13 @@ static int run_batch(engine *e, specd_err *err) {
     if (!np) goto oom;
     e->b_out = np;
     if (grow((void **)&e->b_tables, &e->cap_seqs, e->n_sched, sizeof *e->b_tables) != 0) goto oom;
-    if (n_out > e->cap_logits_rows) {
-        float *nl = realloc(e->logits, n_out * (size_t)e->runner.vocab * sizeof *nl);
-        if (!nl) goto oom;
-        e->logits = nl;
-        e->cap_logits_rows = n_out;
-    }
 
-    size_t t = 0, o = 0;
+    /* tokens of each sequence contiguous; logits rows: its prompt-logprob
+     * positions (if any), then its sampling row (if its last known token is in) */
+    size_t t = 0, n_out = 0;
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
+        size_t t0 = t;
         e->b_tables[i] = s->kv.blocks;
         for (int32_t j = 0; j < s->sched_new; j++, t++) {
             int32_t pos = s->n_computed + j;
@@ -229,7 +232,29 @@ static int run_batch(engine *e, specd_err *err) {
             e->b_pos[t] = pos;
             e->b_seq_of[t] = (int32_t)i;
         }
-        if (s->sched_out >= 0) e->b_out[o++] = (int32_t)t - 1;
+        s->sched_plp_n = 0;
+        if (s->prompt_logprobs) {
+            int32_t lo = s->n_computed > s->n_plp ? s->n_computed : s->n_plp;
+            int32_t hi = s->n_computed + s->sched_new;
+            if (hi > s->n_prompt - 1) hi = s->n_prompt - 1;
+            if (hi > lo) {
+                s->sched_plp_row = (int32_t)n_out;
+                s->sched_plp_pos = lo;
+                s->sched_plp_n = hi - lo;
+                for (int32_t p = lo; p < hi; p++) e->b_out[n_out++] = (int32_t)(t0 + (size_t)(p - s->n_computed));
+            }
+        }
+        s->sched_out = -1;
+        if (s->n_computed + s->sched_new == s->n_tokens) {
+            s->sched_out = (int32_t)n_out;
+            e->b_out[n_out++] = (int32_t)t - 1;
+        }
+    }
+    if (n_out > e->cap_logits_rows) {
+        float *nl = realloc(e->logits, n_out * (size_t)e->runner.vocab * sizeof *nl);
+        if (!nl) goto oom;
+        e->logits = nl;
+        e->cap_logits_rows = n_out;
     }
     model_batch b = {
         .n_tokens = (int32_t)n_tok,
@@ -268,6 +293,12 @@ static void postprocess(engine *e) {
         sched_seq *s = e->sched[i];
         s->n_computed += s->sched_new;
         kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed, NULL, 0);
+        for (int32_t j = 0; j < s->sched_plp_n; j++) {
+            int32_t p = s->sched_plp_pos + j;
+            sampler_logprobs(e->logits + (size_t)(s->sched_plp_row + j) * (size_t)V, V, s->tokens[p + 1],
+                             s->sp.logprobs > 0 ? s->sp.logprobs : 0, &s->plp[p]);
+            s->n_plp = p + 1;
+        }
         if (s->sched_out < 0) continue; /* mid-prefill chunk */
         const float *row = e->logits + (size_t)s->sched_out * (size_t)V;
         bool suppress = s->post.n_out < s->pp.min_tokens;

@@ -11,6 +11,7 @@
  * sampling independent of the batch, runner failure, and all blocks free at
  * the end (kv_blocks_free == total from the stats snapshot).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -480,6 +481,54 @@ static void test_thread_concurrent(void **st) {
     h_free(&h);
 }
 
+/* echo + logprobs: prompt logprobs across prefill chunks, equal to
+ * log_softmax of the fake LM's logits computed directly; no prefix-cache hit. */
+static void test_prompt_logprobs(void **st) {
+    (void)st;
+    harness h;
+    h_init(&h, 32, 4, 100, 8, 8, true);
+    int32_t p[20];
+    make_prompt(p, 20, 12);
+    engine_stream *warm = submit_ok(&h, p, 20, 2); /* fills the prefix cache */
+    run_until_idle(&h, 50);
+    engine_stream_release(warm);
+    engine_request rq;
+    memset(&rq, 0, sizeof rq);
+    sampling_params_init(&rq.sp);
+    rq.sp.temperature = 0.0f;
+    rq.sp.max_tokens = 3;
+    rq.sp.logprobs = 2;
+    rq.prompt = p;
+    rq.n_prompt = 20;
+    rq.prompt_logprobs = true;
+    engine_stream *s = engine_submit(h.e, &rq, NULL, NULL, NULL, NULL);
+    assert_non_null(s);
+    run_until_idle(&h, 50);
+    engine_output *o;
+    assert_true(engine_stream_poll(s, &o));
+    assert_int_equal(o->n_cached_prompt_tokens, 0);
+    assert_int_equal(o->n_prompt_logprobs, 19);
+    for (int i = 0; i < 19; i++) {
+        float l[FAKE_VOCAB];
+        fake_logits(p, i + 1, 0, l);
+        double mx = l[0], sum = 0;
+        for (int v = 1; v < FAKE_VOCAB; v++) mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < FAKE_VOCAB; v++) sum += exp(l[v] - mx);
+        double want = l[p[i + 1]] - mx - log(sum);
+        assert_int_equal(o->prompt_logprobs[i].id, p[i + 1]);
+        if (fabs(o->prompt_logprobs[i].logprob - want) > 1e-5) fail_msg("pos %d: %g vs %g", i, o->prompt_logprobs[i].logprob, want);
+        assert_int_equal(o->prompt_logprobs[i].n_top, 2);
+    }
+    /* sampled-token logprobs ride along */
+    assert_non_null(o->logprobs);
+    assert_int_equal(o->logprobs[0].n_top, 2);
+    assert_int_equal(o->logprobs[0].top_ids[0], o->token_ids[0]); /* greedy = top-1 */
+    engine_output_free(o);
+    engine_stream_release(s);
+    assert_all_free(&h);
+    h_free(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_request_matches_reference),
@@ -492,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_seeded_sampling_batch_independent),
         cmocka_unit_test(test_runner_failure_and_eos),
         cmocka_unit_test(test_thread_concurrent),
+        cmocka_unit_test(test_prompt_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
