@@ -287,18 +287,13 @@ int vocab_build_main(int argc, char **argv) {
         fprintf(stderr, "specd vocab build: %s\n", err.msg);
         goto out;
     }
-    if (npy_read_i64_vec(freq_path, "token frequency vector", &freq, &n_freq, &err) < 0) {
+    if (n_target > 0 && tg.tok && n_target != tg.n_vocab) {
+        fprintf(stderr, "specd vocab build: --target-vocab-size %lld but the target %s has %lld tokens\n",
+                (long long)n_target, target, (long long)tg.n_vocab);
+        goto out;
+    }
+    if (vocab_freq_load(freq_path, n_target > 0 ? n_target : tg.tok ? tg.n_vocab : 0, &freq, &n_freq, &err) < 0) {
         fprintf(stderr, "specd vocab build: %s\n", err.msg);
-        goto out;
-    }
-    if (n_target > 0 && n_freq != n_target) {
-        fprintf(stderr, "specd vocab build: %s has %lld entries, --target-vocab-size is %lld\n", freq_path,
-                (long long)n_freq, (long long)n_target);
-        goto out;
-    }
-    if (tg.tok && n_freq != tg.n_vocab) {
-        fprintf(stderr, "specd vocab build: %s has %lld entries, the target %s has %lld tokens\n", freq_path,
-                (long long)n_freq, target, (long long)tg.n_vocab);
         goto out;
     }
     if (tg.tok && defaults) n_default = n_forced = vocab_target_structural_ids(&tg, forced, MAX_FORCED);

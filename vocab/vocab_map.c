@@ -132,6 +132,26 @@ fail:
     return -1;
 }
 
+int vocab_freq_load(const char *path, int64_t expected_n, int64_t **freq, int64_t *n, specd_err *err) {
+    if (npy_read_i64_vec(path, "token frequency vector", freq, n, err) < 0) return -1;
+    const char *why = NULL;
+    int64_t bad = -1;
+    if (expected_n > 0 && *n != expected_n) why = "length";
+    for (int64_t i = 0; !why && i < *n; i++)
+        if ((*freq)[i] < 0) why = "negative", bad = i;
+    if (!why) return 0;
+    if (!strcmp(why, "length"))
+        specd_err_set(err, "%s: the token frequency vector has %lld entries, the target vocab has %lld", path,
+                      (long long)*n, (long long)expected_n);
+    else
+        specd_err_set(err, "%s: token frequency vector: negative count %lld at id %lld", path, (long long)(*freq)[bad],
+                      (long long)bad);
+    free(*freq);
+    *freq = NULL;
+    *n = 0;
+    return -1;
+}
+
 /* mkdir -p */
 static int make_dirs(const char *dir, specd_err *err) {
     char p[4096];

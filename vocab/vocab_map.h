@@ -65,6 +65,12 @@ typedef struct vocab_build_report {
 int vocab_build(const int64_t *freq, int64_t n_target, int64_t n_draft, const int64_t *forced, size_t n_forced,
                 const uint8_t *fill_avoid, vocab_map *out, vocab_build_report *rep, specd_err *err);
 
+/* Reads a token frequency vector (int64 [n] .npy, C order). With
+ * EXPECTED_N > 0 a vector of another length is refused; negative counts are
+ * refused with their index; other dtypes are refused naming the dtype found.
+ * *freq is malloc'd. Returns 0 or -1 with err. */
+int vocab_freq_load(const char *path, int64_t expected_n, int64_t **freq, int64_t *n, specd_err *err);
+
 /* Writes DIR/d2t.npy (int64 [n_draft]), DIR/t2d.npy (bool [n_target]) and
  * DIR/vocab_map.safetensors (tensors "d2t" I64 [n_draft], "t2d" BOOL
  * [n_target]; __metadata__ format=pt, draft_vocab_size, target_vocab_size,
