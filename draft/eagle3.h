@@ -37,7 +37,9 @@
  *     one-hot q; temperature > 0: the token is SAMPLED from
  *     softmax(logits / temperature) and q is that distribution scattered to
  *     target ids (0 outside the draft vocab), as the acceptance rule
- *     min(1, p/q) requires (REFERENCE §3).
+ *     min(1, p/q) requires (REFERENCE §3). With out_q == NULL the drafts are
+ *     argmax whatever the temperature (q is then implicitly one-hot: accept
+ *     with probability p(x), REFERENCE §3's reduction).
  *   - The draft's KV holds "real" entries (built from target features) at
  *     positions [0, n_tok - 1) and speculative entries (built from its own
  *     outputs) after them. Speculative entries are never counted as committed:

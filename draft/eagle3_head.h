@@ -93,4 +93,13 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *h_
 /* Step 7: logits[n, Vd] = lm_head(norm(hid[n, H])). */
 int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, specd_err *err);
 
+/* ---- draft token choice (used by the proposer; exposed for its tests) */
+
+/* Picks a draft id from logits lg[Vd]. temp <= 0 or q == NULL: the argmax
+ * (lowest id on ties) and, if q, q[used[argmax]] = 1. temp > 0: the inverse
+ * CDF of softmax(lg / temp) (computed in double, draft-id order) at u in
+ * [0, 1), and q[used[i]] = that softmax for every draft id i. q: f32 over
+ * TARGET ids, zeroed by the caller (entries outside used[] stay 0). */
+int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp, double u, float *q);
+
 #endif

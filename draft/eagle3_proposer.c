@@ -256,29 +256,32 @@ static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, in
     return 0;
 }
 
-/* Picks draft token from logits row [Vd] at temperature temp; writes q over
- * target ids (if q). Returns the draft id. */
-static int32_t pick(e3_proposer *P, const float *lg, float temp, float *q) {
-    const int64_t *used = eagle3_head_used(P->head);
+int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp, double u, float *q) {
     int32_t best = 0;
-    for (int32_t i = 1; i < P->Vd; i++)
+    for (int32_t i = 1; i < Vd; i++)
         if (lg[i] > lg[best]) best = i;
-    if (temp <= 0.0f || P->opts.argmax_drafts) {
+    if (temp <= 0.0f || !q) {
         if (q) q[used[best]] = 1.0f;
         return best;
     }
-    /* softmax(lg / temp) in double, sampled by inverse CDF in index order */
+    /* softmax(lg / temp) in double, max-subtracted; inverse CDF in draft-id order */
     double sum = 0;
-    for (int32_t i = 0; i < P->Vd; i++) sum += exp(((double)lg[i] - lg[best]) / temp);
-    double u = rng_uniform(P->rng) * sum, acc = 0;
+    for (int32_t i = 0; i < Vd; i++) sum += exp(((double)lg[i] - lg[best]) / temp);
+    const double target = u * sum;
+    double acc = 0;
     int32_t pickd = -1;
-    for (int32_t i = 0; i < P->Vd; i++) {
+    for (int32_t i = 0; i < Vd; i++) {
         double e = exp(((double)lg[i] - lg[best]) / temp);
         acc += e;
-        if (pickd < 0 && u < acc) pickd = i;
-        if (q) q[used[i]] = (float)(e / sum);
+        if (pickd < 0 && target < acc) pickd = i;
+        q[used[i]] = (float)(e / sum);
     }
-    return pickd < 0 ? best : pickd;
+    return pickd < 0 ? best : pickd; /* u -> 1 with rounding: the mass is there */
+}
+
+static int32_t pick(e3_proposer *P, const float *lg, float temp, float *q) {
+    const bool greedy = temp <= 0.0f || P->opts.argmax_drafts || !q;
+    return eagle3_pick(lg, P->Vd, eagle3_head_used(P->head), greedy ? 0.0f : temp, greedy ? 0.0 : rng_uniform(P->rng), q);
 }
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
