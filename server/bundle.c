@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "draft/eagle3.h"
 #include "engine/util/log.h"
 #ifdef SPECD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -106,8 +107,12 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
     }
     LOG_INFO("max_model_len %d (KV pool holds %lld tokens)", b->max_model_len, (long long)kv_tokens);
     if (b->spec.enabled) {
-        specd_err_set(err, "speculative decoding (--draft %s) is not wired into this build yet", b->spec.model);
-        goto fail;
+        eagle3_opts eo = {0};
+        if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
+            specd_err_wrap(err, "draft %s", b->spec.model);
+            goto fail;
+        }
+        LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
     }
     engine_config ec = {.max_model_len = b->max_model_len,
                         .max_num_seqs = cfg->max_num_seqs,
@@ -119,6 +124,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
         specd_err_wrap(err, "engine");
         goto fail;
     }
+    if (b->proposer && engine_set_proposer(b->eng, b->proposer, err)) goto fail;
     return 0;
 fail:
     specd_bundle_free(b);
@@ -128,6 +134,7 @@ fail:
 void specd_bundle_free(specd_bundle *b) {
     if (!b) return;
     engine_destroy(b->eng);
+    eagle3_destroy(b->proposer); /* after the engine (which calls it), before the model (which it borrows) */
     tok_destroy(b->tok);
     gguf_close(b->tok_gguf);
     model_destroy(b->m);
@@ -168,6 +175,38 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
         if (!is_dir(spec.model) || access(p, R_OK)) {
             specd_err_set(err, "draft %s: not a directory with a readable config.json", spec.model);
             goto done;
+        }
+        /* pairing: the head must read this target's hidden states and vocabulary */
+        eagle3_config ec;
+        if (eagle3_config_load(spec.model, &ec, err)) {
+            specd_err_wrap(err, "draft %s", spec.model);
+            goto done;
+        }
+        if (ec.target_vocab != tok_vocab_size(b.tok)) {
+            specd_err_set(err, "draft %s expects a target vocabulary of %d tokens, the model has %d", spec.model,
+                          ec.target_vocab, tok_vocab_size(b.tok));
+            goto done;
+        }
+        if (b.tok_gguf) {
+            const char *arch = NULL;
+            size_t al = 0;
+            int64_t hidden = 0, layers = 0;
+            char key[160];
+            if (!gguf_get_str(b.tok_gguf, "general.architecture", &arch, &al, NULL)) {
+                snprintf(key, sizeof key, "%.*s.embedding_length", (int)al, arch);
+                if (!gguf_get_i64(b.tok_gguf, key, &hidden, NULL) && hidden != ec.target_hidden) {
+                    specd_err_set(err, "draft %s expects target hidden size %d, the model has %lld", spec.model,
+                                  ec.target_hidden, (long long)hidden);
+                    goto done;
+                }
+                snprintf(key, sizeof key, "%.*s.block_count", (int)al, arch);
+                int32_t aux[EAGLE3_MAX_AUX];
+                if (!gguf_get_i64(b.tok_gguf, key, &layers, NULL) &&
+                    eagle3_config_aux_layers(&ec, (int32_t)layers, EAGLE3_AUX_AUTO, 0, aux, err) < 0) {
+                    specd_err_wrap(err, "draft %s vs a %lld-layer target", spec.model, (long long)layers);
+                    goto done;
+                }
+            }
         }
     }
     if (cfg->max_num_batched_tokens < cfg->max_num_seqs)

@@ -27,6 +27,7 @@ typedef struct specd_bundle {
     tokenizer *tok;
     gguf_file *tok_gguf;      /* tokenizer-only load of a GGUF */
     engine *eng;
+    struct spec_proposer *proposer; /* EAGLE-3 draft (--draft / --speculative-config), or NULL */
     int32_t max_model_len;    /* resolved (flag or the model's trained context) */
     specd_spec spec;
     const char *device;       /* "cpu" (after any fallback) */

@@ -491,6 +491,48 @@ def test_prefix_caching_same_outputs(srv):
         assert s2.stop() == 0, s2.read_log()
 
 
+# ------------------------------------------------------ speculative decoding
+def test_draft_lossless_concurrent_with_prefix_caching(srv):
+    """--draft with a random EAGLE-3 head (tools/eagle3/make_random_head.py, seed 1): greedy outputs equal the
+    plain server's, for n=2 and for 8 concurrent streams sharing a prefix with prefix caching on (REFERENCE §6:
+    n > 1 with speculation, and prefix caching + speculation under concurrency)."""
+    head = tempfile.mkdtemp(prefix="specd_e2e_head_")
+    py = os.environ.get("SPECD_PYTHON", sys.executable)
+    src = os.environ.get("SPECD_SOURCE_DIR", os.getcwd())
+    r = subprocess.run([py, os.path.join(src, "tools/eagle3/make_random_head.py"), "--layout", "speculators",
+                        "--out", head, "--seed", "1", "--rope-theta", "100000"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot make the random head: " + r.stderr.decode()[-300:])
+    prefix = "Question about the planets of the solar system, answer in one word. "
+    prompts = [prefix + f"Item {i}:" for i in range(8)]
+    ref = [srv.client().completions.create(model=NAME, prompt=p, max_tokens=6, temperature=0).choices[0].text
+           for p in prompts]
+    s3 = Server(["--draft", head, "--num-speculative-tokens", "3", "--enable-prefix-caching"])
+    try:
+        c = s3.client()
+        g = c.completions.create(model=NAME, prompt=prompts[0], max_tokens=6, temperature=0, n=2)
+        assert [ch.text for ch in g.choices] == [ref[0], ref[0]]
+        results = [None] * len(prompts)
+
+        def one(i):
+            chunks = c.completions.create(model=NAME, prompt=prompts[i], max_tokens=6, temperature=0, stream=True)
+            results[i] = "".join(ch.choices[0].text for ch in chunks)
+
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        assert results == ref
+        m = s3.wait_blocks_free()
+        assert m["specd_prefix_cache_hits_total"] > 0
+    finally:
+        assert s3.stop() == 0, s3.read_log()
+        for f in os.listdir(head):
+            os.unlink(os.path.join(head, f))
+        os.rmdir(head)
+
+
 # ------------------------------------------------------ SIGHUP + SIGTERM
 def test_sighup_reload_and_sigterm_drain():
     keyfile = tempfile.NamedTemporaryFile("w", prefix="specd_key_", delete=False)

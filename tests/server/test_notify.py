@@ -55,6 +55,35 @@ def check_config():
     with tempfile.TemporaryDirectory() as d:
         r = run(MODEL, "--draft", d)
         assert r.returncode == 1 and b"config.json" in r.stderr, r.stderr
+    # model/draft pairing: a random EAGLE-3 head for SmolLM2 passes; the same head claiming a different target
+    # vocabulary is refused
+    py = os.environ.get("SPECD_PYTHON", sys.executable)
+    src = os.environ.get("SPECD_SOURCE_DIR", os.getcwd())
+    with tempfile.TemporaryDirectory() as d:
+        mk = subprocess.run([py, os.path.join(src, "tools/eagle3/make_random_head.py"), "--layout", "speculators",
+                             "--out", d, "--seed", "1", "--rope-theta", "100000"], capture_output=True)
+        if mk.returncode == 0:
+            r = run(MODEL, "--draft", d, "--num-speculative-tokens", "3")
+            assert r.returncode == 0, r.stderr.decode()
+            cfg_path = os.path.join(d, "config.json")
+            with open(cfg_path) as f:
+                text = f.read()
+            cfg = json.loads(text)
+
+            def bump(o):
+                if isinstance(o, dict):
+                    for k in o:
+                        if k == "vocab_size":
+                            o[k] += 1
+                        else:
+                            bump(o[k])
+            bump(cfg)
+            with open(cfg_path, "w") as f:
+                json.dump(cfg, f)
+            r = run(MODEL, "--draft", d)
+            assert r.returncode == 1 and b"vocabulary" in r.stderr, r.stderr
+        else:
+            print("check-config: random head not made, pairing case skipped:", mk.stderr.decode()[-200:])
     r = run(MODEL, "--port", "0")
     assert r.returncode == 1 and b"below the minimum" in r.stderr, r.stderr
     r = run(MODEL, "--speculative-config", '{"method":"medusa","model":"/x"}')
