@@ -425,6 +425,10 @@ void engine_publish_stats(engine *e) {
     memcpy(t->requests_finished_total, e->finished, sizeof e->finished);
     t->steps_total = e->steps;
     t->spec_max_k = e->proposer ? e->cfg.num_speculative_tokens : 0;
+    t->spec_num_drafts_total = e->spec_drafts;
+    t->spec_num_draft_tokens_total = e->spec_draft_tokens;
+    t->spec_num_accepted_tokens_total = e->spec_accepted;
+    memcpy(t->spec_accepted_per_pos_total, e->spec_per_pos, sizeof e->spec_per_pos);
     if (e->proposer && e->proposer->ops->kv_usage)
         e->proposer->ops->kv_usage(e->proposer->ctx, &t->draft_kv_blocks_total, &t->draft_kv_blocks_free);
     pthread_mutex_unlock(&e->stats_mu);

@@ -74,6 +74,11 @@ typedef struct sched_seq {
     int32_t k;                    /* speculative tokens per step (0 = none) */
     int32_t sched_new;            /* tokens in this step's batch */
     int32_t sched_out;            /* index of its first logits row, -1 = none */
+    int32_t sched_t0;             /* batch index of its first token */
+    int32_t sched_k;              /* drafts wanted this step (KV reserved for 1 + sched_k) */
+    int32_t draft[16];            /* this step's draft tokens (target ids) */
+    int32_t n_draft;              /* drafts verified this step (sched_new = 1 + n_draft) */
+    const float *draft_q;         /* [n_draft, vocab] draft distributions, NULL = one-hot */
 
     double t_submit;              /* monotonic seconds */
     bool first_output_sent;
@@ -101,6 +106,14 @@ struct engine {
     size_t cap_batch, cap_seqs;
     float *logits; size_t cap_logits_rows;
     float *prob;                                          /* [vocab] scratch */
+    /* speculative decoding (spec.c); all empty without a proposer */
+    int32_t n_aux;                                        /* aux layers the proposer wants */
+    int32_t aux_layers[8];
+    float *aux; size_t cap_aux_rows;                      /* [n_tokens, n_aux * hidden] */
+    int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
+    sched_seq **p_seqs;
+    float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_per_pos[16];
     uint64_t seed_state;
 
     /* shared state (mu) */
@@ -129,6 +142,19 @@ double engine_now_s(void);
 int sched_step(engine *e, specd_err *err);
 void sched_finish_seq(engine *e, sched_seq *s, finish_reason r, const char *error);
 void sched_seq_free(engine *e, sched_seq *s);
+
+/* spec.c: the speculative step pieces (see spec.c's header). */
+int spec_init(engine *e, specd_err *err);
+int32_t spec_plan_k(const engine *e, const sched_seq *s, int32_t budget);
+void spec_propose(engine *e);
+/* Verifies S's drafts on its logits rows, emits accepted + correction/bonus,
+ * rolls back KV, feeds the proposer. */
+void spec_verify_seq(engine *e, sched_seq *s);
+/* Feeds the proposer the tokens S just computed (non-speculative path). */
+void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n);
+void spec_extend_sampled(engine *e, sched_seq *s, int32_t tok, int32_t pos);
+int sched_append_token(sched_seq *s, int32_t tok);
+sampler_hist sched_hist(const sched_seq *s);
 
 /* engine.c: hands a step's delta of S to its stream (and notifies). */
 void engine_push_output(engine *e, sched_seq *s, const char *error);

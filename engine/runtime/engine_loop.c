@@ -78,7 +78,7 @@ int engine_set_proposer(engine *e, struct spec_proposer *p, specd_err *err) {
     if (e->started) return specd_err_set(err, "engine: attach the proposer before engine_start");
     if (p && (!p->ops || !p->ops->propose)) return specd_err_set(err, "engine: proposer without a propose op");
     e->proposer = p;
-    return 0;
+    return spec_init(e, err);
 }
 
 static void *engine_main(void *arg) {
@@ -180,6 +180,13 @@ void engine_destroy(engine *e) {
     free(e->b_tables);
     free(e->logits);
     free(e->prob);
+    free(e->aux);
+    free(e->p_ids);
+    free(e->p_k);
+    free(e->p_temp);
+    free(e->p_tok);
+    free(e->p_seqs);
+    free(e->p_q);
     sampler_work_destroy(e->sw);
     kv_destroy(e->kv);
     pthread_mutex_destroy(&e->mu);

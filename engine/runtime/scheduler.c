@@ -24,14 +24,12 @@
  *    sequence per step; finished and aborted sequences free their blocks in
  *    the same step.
  *
- * Speculative decoding (issue 4) slots in here: a decoding sequence with
- * k > 0 asks the proposer for k tokens, is scheduled with 1 + k tokens (the
- * last known token plus the drafts, appended provisionally), gets k + 1
- * logits rows, and postprocess runs the acceptance rule (sampler_accept /
- * greedy argmax) row by row, feeds accepted tokens to post_token one at a
- * time, truncates the KV of rejected positions (kv_seq_truncate) and calls
- * proposer->extend with the accepted tokens' aux features (model_batch.aux,
- * captured only when a proposer is attached). See "speculative hook" below.
+ * Speculative decoding (spec.c): a decoding sequence with k > 0 reserves KV
+ * for 1 + k positions here, all such sequences get their drafts from ONE
+ * proposer call after scheduling, each contributes [x_m, d_1..d_k] with k + 1
+ * logits rows to the same forward, and postprocess hands it to
+ * spec_verify_seq (accept, bonus, KV rollback, proposer feed). Aux features
+ * (model_batch.aux) are captured only when a proposer is attached.
  *
  * Threading: engine thread only (or the engine_step caller).
  */
@@ -132,14 +130,16 @@ static int32_t cap_chunk(const sched_seq *s, int32_t n_new) {
 static void preempt(engine *e, sched_seq *s) {
     kv_seq_free(e->kv, &s->kv);
     s->n_computed = 0;
-    if (e->proposer && e->proposer->ops->free_seq) e->proposer->ops->free_seq(e->proposer->ctx, s->id);
+    if (e->proposer && e->proposer->ops->truncate) e->proposer->ops->truncate(e->proposer->ctx, s->id, 0);
     e->preemptions++;
     LOG_DEBUG("sched: preempted seq %lld (%d tokens) for recompute", (long long)s->id, s->n_tokens);
 }
 
-static int add_sched(engine *e, sched_seq *s, int32_t n_new) {
+static int add_sched(engine *e, sched_seq *s, int32_t n_new, int32_t k) {
     if (grow((void **)&e->sched, &e->cap_sched, e->n_sched + 1, sizeof *e->sched) != 0) return -1;
     s->sched_new = n_new;
+    s->sched_k = k;
+    s->n_draft = 0;
     s->sched_out = -1;
     e->sched[e->n_sched++] = s;
     return 0;
@@ -153,10 +153,11 @@ static void schedule(engine *e) {
     /* running sequences, oldest first */
     for (size_t i = 0; i < e->n_running && budget > 0;) {
         sched_seq *s = e->running[i];
-        int32_t n_new = cap_chunk(s, s->n_tokens - s->n_computed); /* speculative hook: + s->k drafts */
+        int32_t n_new = cap_chunk(s, s->n_tokens - s->n_computed);
         if (n_new > budget) n_new = budget;
+        int32_t k = spec_plan_k(e, s, budget); /* decode + k drafts to verify (spec.c) */
         bool self_preempted = false;
-        while (kv_seq_ensure(e->kv, &s->kv, s->n_computed + n_new, NULL) != 0) {
+        while (kv_seq_ensure(e->kv, &s->kv, s->n_computed + n_new + k, NULL) != 0) {
             sched_seq *victim = e->running[e->n_running - 1];
             e->n_running--;
             preempt(e, victim);
@@ -168,8 +169,8 @@ static void schedule(engine *e) {
             }
         }
         if (self_preempted) break;
-        if (add_sched(e, s, n_new) != 0) break;
-        budget -= n_new;
+        if (add_sched(e, s, n_new, k) != 0) break;
+        budget -= n_new + k;
         i++;
     }
 
@@ -177,7 +178,9 @@ static void schedule(engine *e) {
     while (!preempted && e->n_waiting > 0 && budget > 0 && e->n_running < (size_t)e->cfg.max_num_seqs) {
         sched_seq *s = e->waiting[0];
         int32_t hit = 0;
-        if (s->n_computed == 0 && !s->prompt_logprobs) /* no cached logits for prompt logprobs */
+        /* no hits for prompt logprobs (cached blocks have no logits) nor for a
+         * speculating sequence (the draft would lack the cached positions' features) */
+        if (s->n_computed == 0 && !s->prompt_logprobs && s->k == 0)
             hit = kv_seq_match_prefix(e->kv, &s->kv, s->tokens, s->n_tokens, NULL, 0);
         int32_t n_new = cap_chunk(s, s->n_tokens - hit);
         if (n_new > budget) n_new = budget;
@@ -196,9 +199,10 @@ static void schedule(engine *e) {
         }
         queue_remove_at(e->waiting, &e->n_waiting, 0);
         e->running[e->n_running++] = s;
-        if (add_sched(e, s, n_new) != 0) break;
+        if (add_sched(e, s, n_new, 0) != 0) break;
         budget -= n_new;
     }
+    spec_propose(e);
 }
 
 /* ---------------------------------------------------------------- run */
@@ -225,10 +229,11 @@ static int run_batch(engine *e, specd_err *err) {
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
         size_t t0 = t;
+        s->sched_t0 = (int32_t)t;
         e->b_tables[i] = s->kv.blocks;
         for (int32_t j = 0; j < s->sched_new; j++, t++) {
             int32_t pos = s->n_computed + j;
-            e->b_tok[t] = s->tokens[pos];
+            e->b_tok[t] = j > 0 && s->n_draft > 0 ? s->draft[j - 1] : s->tokens[pos];
             e->b_pos[t] = pos;
             e->b_seq_of[t] = (int32_t)i;
         }
@@ -245,10 +250,19 @@ static int run_batch(engine *e, specd_err *err) {
             }
         }
         s->sched_out = -1;
-        if (s->n_computed + s->sched_new == s->n_tokens) {
+        if (s->n_draft > 0) { /* verify: a row for x_m and every draft */
+            s->sched_out = (int32_t)n_out;
+            for (int32_t j = 0; j <= s->n_draft; j++) e->b_out[n_out++] = (int32_t)t0 + j;
+        } else if (s->n_computed + s->sched_new == s->n_tokens) {
             s->sched_out = (int32_t)n_out;
             e->b_out[n_out++] = (int32_t)t - 1;
         }
+    }
+    if (e->n_aux > 0 && n_tok > e->cap_aux_rows) {
+        float *na = realloc(e->aux, n_tok * (size_t)e->n_aux * (size_t)e->runner.hidden * sizeof *na);
+        if (!na) goto oom;
+        e->aux = na;
+        e->cap_aux_rows = n_tok;
     }
     if (n_out > e->cap_logits_rows) {
         float *nl = realloc(e->logits, n_out * (size_t)e->runner.vocab * sizeof *nl);
@@ -267,6 +281,9 @@ static int run_batch(engine *e, specd_err *err) {
         .n_out = (int32_t)n_out,
         .out_idx = e->b_out,
         .logits = e->logits,
+        .n_aux = e->n_aux,
+        .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
+        .aux = e->n_aux > 0 ? e->aux : NULL,
     };
     return e->runner.forward(e->runner.ctx, &b, err);
 oom:
@@ -275,7 +292,7 @@ oom:
 
 /* ---------------------------------------------------------------- postprocess */
 
-static int append_token(sched_seq *s, int32_t tok) {
+int sched_append_token(sched_seq *s, int32_t tok) {
     if (s->n_tokens + 1 > s->cap_tokens) {
         int32_t c = s->cap_tokens ? s->cap_tokens * 2 : 64;
         int32_t *nt = realloc(s->tokens, (size_t)c * sizeof *nt);
@@ -287,12 +304,29 @@ static int append_token(sched_seq *s, int32_t tok) {
     return 0;
 }
 
+/* History for penalties: prompt, outputs so far, and the min_tokens mask. */
+sampler_hist sched_hist(const sched_seq *s) {
+    bool suppress = s->post.n_out < s->pp.min_tokens;
+    sampler_hist h = {
+        .prompt = s->tokens, .n_prompt = (size_t)s->n_prompt,
+        .output = s->tokens + s->n_prompt, .n_output = (size_t)(s->n_tokens - s->n_prompt),
+        .suppress = suppress ? s->suppress : NULL, .n_suppress = suppress ? s->n_suppress : 0,
+    };
+    return h;
+}
+
 static void postprocess(engine *e) {
     const int32_t V = e->runner.vocab;
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
+        if (s->n_draft > 0) { /* speculative verify */
+            spec_verify_seq(e, s);
+            continue;
+        }
+        int32_t pos0 = s->n_computed;
         s->n_computed += s->sched_new;
         kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed, NULL, 0);
+        spec_extend_computed(e, s, pos0, s->sched_new);
         for (int32_t j = 0; j < s->sched_plp_n; j++) {
             int32_t p = s->sched_plp_pos + j;
             sampler_logprobs(e->logits + (size_t)(s->sched_plp_row + j) * (size_t)V, V, s->tokens[p + 1],
@@ -301,25 +335,24 @@ static void postprocess(engine *e) {
         }
         if (s->sched_out < 0) continue; /* mid-prefill chunk */
         const float *row = e->logits + (size_t)s->sched_out * (size_t)V;
-        bool suppress = s->post.n_out < s->pp.min_tokens;
-        sampler_hist h = {
-            .prompt = s->tokens, .n_prompt = (size_t)s->n_prompt,
-            .output = s->tokens + s->n_prompt, .n_output = (size_t)(s->n_tokens - s->n_prompt),
-            .suppress = suppress ? s->suppress : NULL, .n_suppress = suppress ? s->n_suppress : 0,
-        };
+        sampler_hist h = sched_hist(s);
         int32_t tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
         if (s->sp.logprobs >= 0) {
             if (grow((void **)&s->lp, &s->cap_lp, s->n_lp + 1, sizeof *s->lp) == 0)
                 sampler_logprobs(row, V, tok, s->sp.logprobs, &s->lp[s->n_lp++]);
         }
-        if (append_token(s, tok) != 0) {
+        if (sched_append_token(s, tok) != 0) {
             sched_finish_seq(e, s, FINISH_ERROR, "out of memory");
             continue;
         }
         e->gen_tokens++;
         finish_reason r = post_token(&s->post, &s->pp, &e->detok, tok, s->n_tokens, &s->delta);
-        if (r != FINISH_NONE) sched_finish_seq(e, s, r, r == FINISH_ERROR ? "postprocess failed" : NULL);
-        else engine_push_output(e, s, NULL);
+        if (r != FINISH_NONE) {
+            sched_finish_seq(e, s, r, r == FINISH_ERROR ? "postprocess failed" : NULL);
+            continue;
+        }
+        spec_extend_sampled(e, s, tok, s->n_tokens - 1);
+        engine_push_output(e, s, NULL);
     }
 }
 

@@ -27,6 +27,7 @@
 
 #define FAKE_VOCAB 64
 #define FAKE_EOS 63
+#define FAKE_HIDDEN 8
 
 typedef struct fake_runner {
     int32_t block_size, n_blocks;
@@ -71,6 +72,15 @@ static inline int fake_forward(void *ctx, const model_batch *b, specd_err *err) 
         int32_t p = b->pos[i];
         f->kv[bt[p / f->block_size] * f->block_size + p % f->block_size] = b->tokens[i];
     }
+    if (b->aux && b->n_aux > 0) /* aux features: [token, position, layer id, 0...] per layer */
+        for (int32_t i = 0; i < b->n_tokens; i++)
+            for (int32_t l = 0; l < b->n_aux; l++) {
+                float *row = b->aux + ((size_t)i * (size_t)b->n_aux + (size_t)l) * FAKE_HIDDEN;
+                memset(row, 0, FAKE_HIDDEN * sizeof *row);
+                row[0] = (float)b->tokens[i];
+                row[1] = (float)b->pos[i];
+                row[2] = (float)b->aux_layers[l];
+            }
     int32_t ctxbuf[4096];
     for (int32_t o = 0; o < b->n_out; o++) {
         int32_t i = b->out_idx[o];
@@ -90,7 +100,7 @@ static inline int fake_runner_init(fake_runner *f, int32_t n_blocks, int32_t blo
     f->kv = malloc((size_t)n_blocks * block_size * sizeof *f->kv);
     if (!f->kv) return -1;
     for (int32_t i = 0; i < n_blocks * block_size; i++) f->kv[i] = -1;
-    *r = (engine_runner){.ctx = f, .forward = fake_forward, .vocab = FAKE_VOCAB, .hidden = 8,
+    *r = (engine_runner){.ctx = f, .forward = fake_forward, .vocab = FAKE_VOCAB, .hidden = FAKE_HIDDEN,
                          .block_size = block_size, .n_blocks = n_blocks};
     return 0;
 }

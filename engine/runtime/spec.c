@@ -1,0 +1,221 @@
+/*
+ * spec.c: the speculative step inside the scheduler (DESIGN.md "The
+ * speculative step", REFERENCE §3), for every running sequence with k > 0
+ * when a proposer is attached.
+ *
+ * One step for a decoding sequence whose last sampled token x_m (position m)
+ * has no KV yet:
+ *   plan     spec_plan_k: k_eff = min(k, room left in the context, tokens
+ *            left before max_tokens - 1, step budget - 1); KV is reserved for
+ *            positions m .. m + k_eff.
+ *   propose  spec_propose: ONE proposer call for all such sequences; drafts
+ *            d_1..d_k are target ids; a -1 (or an id out of range) ends that
+ *            sequence's drafts. q rows only when some sequence samples.
+ *   verify   the sequence contributes [x_m, d_1..d_k] at positions m..m+k to
+ *            the step's single model_forward, with a logits row for each
+ *            (row j = target distribution for position m + 1 + j).
+ *   accept   spec_verify_seq, row by row with the sequence's own history
+ *            (accepted drafts appended before the next row, so penalties and
+ *            min_tokens see exactly what plain decoding would): greedy accepts
+ *            d_j iff it is the argmax of the processed row (else the argmax is
+ *            emitted: the correction); sampling uses sampler_accept on the
+ *            processed distribution p (sampler_probs, the same processing as
+ *            plain sampling) and the draft's q. If all k are accepted the
+ *            bonus token is sampled from row k. Each emitted token goes
+ *            through post_token one at a time: a stop inside the block ends it
+ *            there and nothing after is emitted or counted.
+ *   commit   n_computed = m + 1 + accepted; KV past it is dead and whole blocks
+ *            past it are freed (kv_seq_truncate); prefix-cache keys only for
+ *            committed full blocks; the proposer gets extend([x_m, d_1..d_a],
+ *            aux rows of those positions) then extend(last emitted token, no
+ *            features), the contract in draft/eagle3.h.
+ * Non-speculative steps feed the proposer too (spec_extend_computed /
+ * spec_extend_sampled), so its state always mirrors the sequence. Prefix-cache
+ * hits are not taken for a sequence with k > 0 (the draft would lack the
+ * features of the cached positions; see scheduler.c).
+ *
+ * Threading: engine thread only.
+ */
+#include "engine/runtime/engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/util/log.h"
+
+int spec_init(engine *e, specd_err *err) {
+    e->n_aux = 0;
+    if (!e->proposer) return 0;
+    int32_t layers[8];
+    int n = e->proposer->ops->aux_layers ? e->proposer->ops->aux_layers(e->proposer->ctx, layers) : 0;
+    if (n < 0 || n > 8) return specd_err_set(err, "engine: proposer wants %d aux layers (0..8)", n);
+    e->n_aux = n;
+    memcpy(e->aux_layers, layers, (size_t)n * sizeof *layers);
+    size_t ns = (size_t)e->cfg.max_num_seqs;
+    e->p_seqs = malloc(ns * sizeof *e->p_seqs);
+    e->p_ids = malloc(ns * sizeof *e->p_ids);
+    e->p_k = malloc(ns * sizeof *e->p_k);
+    e->p_temp = malloc(ns * sizeof *e->p_temp);
+    e->p_tok = malloc(ns * 16 * sizeof *e->p_tok);
+    e->prob = malloc((size_t)e->runner.vocab * sizeof *e->prob);
+    if (!e->p_seqs || !e->p_ids || !e->p_k || !e->p_temp || !e->p_tok || !e->prob)
+        return specd_err_set(err, "engine: out of memory for speculative buffers");
+    e->cap_prop = ns;
+    return 0;
+}
+
+int32_t spec_plan_k(const engine *e, const sched_seq *s, int32_t budget) {
+    if (!e->proposer || s->k <= 0 || s->n_computed != s->n_tokens - 1) return 0;
+    int32_t k = s->k;
+    int32_t room_ctx = e->cfg.max_model_len - s->n_tokens;   /* positions m+1..m+k < max_model_len */
+    int32_t room_out = s->pp.max_tokens - s->post.n_out - 1; /* the last token is always a correction/bonus */
+    if (k > room_ctx) k = room_ctx;
+    if (k > room_out) k = room_out;
+    if (k > budget - 1) k = budget - 1;
+    if (k > 15) k = 15;
+    return k > 0 ? k : 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *np = realloc(*p, c * elem);
+    if (!np) return -1;
+    *p = np;
+    *cap = c;
+    return 0;
+}
+
+void spec_propose(engine *e) {
+    size_t n = 0;
+    int32_t k_max = 0;
+    bool sampling = false;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        s->n_draft = 0;
+        s->draft_q = NULL;
+        if (s->sched_k <= 0) continue;
+        n++;
+        if (s->sched_k > k_max) k_max = s->sched_k;
+        if (!sampler_is_greedy(&s->sp)) sampling = true;
+    }
+    if (n == 0) return;
+    const int32_t V = e->runner.vocab;
+    if (n > e->cap_prop) return; /* cannot happen: n <= max_num_seqs */
+    size_t q_rows = n * (size_t)k_max;
+    if (sampling && q_rows > e->cap_q_rows) {
+        float *nq = realloc(e->p_q, q_rows * (size_t)V * sizeof *nq);
+        if (!nq) return;
+        e->p_q = nq;
+        e->cap_q_rows = q_rows;
+    }
+    size_t j = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        if (s->sched_k <= 0) continue;
+        e->p_seqs[j] = s;
+        e->p_ids[j] = s->id;
+        e->p_k[j] = s->sched_k;
+        e->p_temp[j] = sampler_is_greedy(&s->sp) ? 0.0f : s->sp.temperature;
+        j++;
+    }
+    for (size_t t = 0; t < n * (size_t)k_max; t++) e->p_tok[t] = -1;
+    specd_err err = {0};
+    if (e->proposer->ops->propose(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok,
+                                  sampling ? e->p_q : NULL, &err) != 0) {
+        LOG_WARN("engine: proposer failed, verifying without drafts: %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sched_seq *s = e->p_seqs[i];
+        int32_t nd = 0;
+        while (nd < s->sched_k) {
+            int32_t t = e->p_tok[i * (size_t)k_max + (size_t)nd];
+            if (t < 0 || t >= V) break;
+            s->draft[nd++] = t;
+        }
+        s->n_draft = nd;
+        s->draft_q = sampling ? e->p_q + i * (size_t)k_max * (size_t)V : NULL;
+        s->sched_new = 1 + nd;
+    }
+}
+
+/* ---------------------------------------------------------------- proposer feed */
+
+void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n) {
+    if (!e->proposer || !e->proposer->ops->extend || n <= 0) return;
+    const float *aux = e->n_aux > 0 ? e->aux + (size_t)s->sched_t0 * (size_t)e->n_aux * (size_t)e->runner.hidden : NULL;
+    specd_err err = {0};
+    if (e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, aux, &err) != 0)
+        LOG_DEBUG("engine: proposer extend (seq %lld, %d tokens at %d): %s", (long long)s->id, n, pos0, err.msg);
+}
+
+void spec_extend_sampled(engine *e, sched_seq *s, int32_t tok, int32_t pos) {
+    if (!e->proposer || !e->proposer->ops->extend) return;
+    specd_err err = {0};
+    if (e->proposer->ops->extend(e->proposer->ctx, s->id, &tok, 1, pos, NULL, &err) != 0)
+        LOG_DEBUG("engine: proposer extend (seq %lld, sampled at %d): %s", (long long)s->id, pos, err.msg);
+}
+
+/* ---------------------------------------------------------------- verify */
+
+/* Emits one token chosen from logits ROW; returns the finish (FINISH_NONE = go on). */
+static finish_reason emit(engine *e, sched_seq *s, int32_t tok, const float *row) {
+    if (s->sp.logprobs >= 0 && grow((void **)&s->lp, &s->cap_lp, s->n_lp + 1, sizeof *s->lp) == 0)
+        sampler_logprobs(row, e->runner.vocab, tok, s->sp.logprobs, &s->lp[s->n_lp++]);
+    if (sched_append_token(s, tok) != 0) return FINISH_ERROR;
+    e->gen_tokens++;
+    return post_token(&s->post, &s->pp, &e->detok, tok, s->n_tokens, &s->delta);
+}
+
+void spec_verify_seq(engine *e, sched_seq *s) {
+    const int32_t V = e->runner.vocab;
+    const int32_t m = s->n_computed; /* position of x_m, the first verified token */
+    const bool greedy = sampler_is_greedy(&s->sp);
+    int32_t accepted = 0, last = -1;
+    finish_reason fin = FINISH_NONE;
+    for (int32_t j = 0; j <= s->n_draft && fin == FINISH_NONE; j++) {
+        const float *row = e->logits + (size_t)(s->sched_out + j) * (size_t)V;
+        bool suppress = s->post.n_out < s->pp.min_tokens;
+        sampler_hist h = sched_hist(s);
+        if (!suppress) {
+            h.suppress = NULL;
+            h.n_suppress = 0;
+        }
+        int32_t tok;
+        bool ok = false;
+        if (j == s->n_draft) { /* every draft accepted: bonus token */
+            tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
+        } else if (greedy) {
+            tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row); /* argmax, no RNG draw */
+            ok = tok == s->draft[j];
+        } else {
+            sampler_probs(e->sw, &s->sp, &h, row, e->prob);
+            const float *q = s->draft_q ? s->draft_q + (size_t)j * (size_t)V : NULL;
+            ok = sampler_accept(e->prob, q, V, s->draft[j], &s->rng, e->sw, &tok) == 1;
+        }
+        fin = emit(e, s, tok, row);
+        last = tok;
+        if (ok) {
+            accepted++;
+            e->spec_per_pos[j < 16 ? j : 15]++;
+        } else if (j < s->n_draft) {
+            break; /* correction emitted */
+        }
+    }
+    e->spec_drafts++;
+    e->spec_draft_tokens += s->n_draft;
+    e->spec_accepted += accepted;
+    if (fin != FINISH_NONE) {
+        sched_finish_seq(e, s, fin, fin == FINISH_ERROR ? "postprocess failed" : NULL);
+        return;
+    }
+    /* commit x_m and the accepted drafts; rejected positions' KV is dead */
+    s->n_computed = m + 1 + accepted;
+    kv_seq_truncate(e->kv, &s->kv, s->n_computed);
+    kv_seq_commit(e->kv, &s->kv, s->tokens, s->n_computed, NULL, 0);
+    spec_extend_computed(e, s, m, 1 + accepted);
+    spec_extend_sampled(e, s, last, s->n_tokens - 1);
+    engine_push_output(e, s, NULL);
+}
