@@ -85,7 +85,7 @@ typedef struct oai_request {
     size_t n_stop_token_ids;
     bool has_max_tokens;             /* max_tokens / max_completion_tokens given (not null) */
     int32_t max_tokens;              /* as requested, >= 0 (0 only with echo) */
-    int32_t n;                       /* choices per prompt, 1..OAI_MAX_N */
+    int32_t n;                       /* choices per prompt, 1..OAI_MAX_N (n_prompts * n <= OAI_MAX_N) */
     bool stream;
     bool include_usage;              /* stream_options.include_usage */
     bool echo;                       /* completions */

@@ -449,6 +449,9 @@ static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *
     if (get_bool(root, "skip_special_tokens", &sp->skip_special_tokens, err)) return -1;
     if (get_int(root, "n", 1, OAI_MAX_N, &v, &present, err)) return -1;
     r->n = present ? (int32_t)v : 1;
+    if (r->n_prompts * (size_t)r->n > OAI_MAX_N)
+        return oai_error_set(err, 400, "n", "%zu prompts x n = %d is %zu choices; at most %d per request",
+                             r->n_prompts, r->n, r->n_prompts * (size_t)r->n, OAI_MAX_N);
     if (get_int(root, "best_of", 1, OAI_MAX_N, &v, &present, err)) return -1;
     if (present && v != r->n) return oai_error_set(err, 400, "best_of", "'best_of' other than n is not supported");
     if (parse_stop(root, r, err)) return -1;

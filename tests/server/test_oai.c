@@ -55,6 +55,7 @@ static const bad_case BAD[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": \"10\"}", "max_tokens", "must be an integer"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", "max_tokens", "must be an integer"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "n", "'n' must be in [1, 128]"},
+    {OAI_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 64}", "n", "3 prompts x n = 64 is 192 choices"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -0.1}", "temperature", "'temperature' must be in [0"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"hot\"}", "temperature", "must be a number"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", "top_p", "'top_p' must be in (0, 1]"},
