@@ -156,9 +156,11 @@ int vocab_count_main(int argc, char **argv) {
         fprintf(stderr, "specd vocab count: %s\n", err.msg);
         goto out;
     }
-    printf("samples: %lld records, %lld processed, %lld skipped longer than --max-seq-len %lld, %lld without an "
+    char lim[32] = "(none)";
+    if (max_len) snprintf(lim, sizeof lim, "%lld", (long long)max_len);
+    printf("samples: %lld records, %lld processed, %lld skipped longer than --max-seq-len %s, %lld without an "
            "assistant response, %lld refused by the chat template\n",
-           (long long)r.n_records, (long long)r.n_processed, (long long)r.n_skipped_long, (long long)max_len,
+           (long long)r.n_records, (long long)r.n_processed, (long long)r.n_skipped_long, lim,
            (long long)r.n_no_response, (long long)r.n_failed);
     if (r.n_no_response)
         printf("note: %lld records have no assistant turn (question-only files such as MT-bench): pass "
@@ -167,9 +169,10 @@ int vocab_count_main(int argc, char **argv) {
     printf("tokens: %lld total, %lld assistant (loss mask), %lld distinct assistant ids of %lld; longest %lld\n",
            (long long)r.total_tokens, (long long)r.assistant_tokens, (long long)r.distinct, (long long)r.n_vocab,
            (long long)r.longest);
-    printf("speed: %.3f s, %.0f tokens/s (all rendered tokens), %.0f samples/s, %lld threads\n", r.seconds,
-           r.seconds > 0 ? (double)r.total_tokens / r.seconds : 0.0,
-           r.seconds > 0 ? (double)r.n_processed / r.seconds : 0.0, (long long)threads);
+    printf("speed: %.3f s wall, %.0f tokens/s (all rendered tokens), %.0f samples/s, %lld threads; %.3f s CPU, "
+           "%.0f tokens per CPU-second\n", r.seconds, r.seconds > 0 ? (double)r.total_tokens / r.seconds : 0.0,
+           r.seconds > 0 ? (double)r.n_processed / r.seconds : 0.0, (long long)threads, r.cpu_seconds,
+           r.cpu_seconds > 0 ? (double)r.total_tokens / r.cpu_seconds : 0.0);
     if (r.n_processed == 0) {
         fprintf(stderr, "specd vocab count: no sample could be counted; %s not written\n", output);
         goto out;

@@ -79,9 +79,9 @@ void vocab_count_result_free(vocab_count_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -106,7 +106,7 @@ int vocab_count(const tokenizer *t, int64_t V, const vocab_dataset *ds, const vo
         w[i].r.per_cat = calloc(n_cat, sizeof *r->per_cat);
         if (!w[i].r.freq || !w[i].r.per_cat) goto oom;
     }
-    double t0 = now_s();
+    double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     int started = 0;
     for (; started < nw; started++)
         if (pthread_create(&th[started], NULL, work, &w[started]) != 0) break;
@@ -114,7 +114,8 @@ int vocab_count(const tokenizer *t, int64_t V, const vocab_dataset *ds, const vo
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     if (started > 0 && started < nw) /* the rest of the shares, inline */
         for (int i = started; i < nw; i++) work(&w[i]);
-    r->seconds = now_s() - t0;
+    r->seconds = clock_s(CLOCK_MONOTONIC) - t0;
+    r->cpu_seconds = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     int64_t fail_rec = -1;
     for (int i = 0; i < nw; i++) {
         vocab_count_result *p = &w[i].r;

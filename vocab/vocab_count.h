@@ -47,6 +47,7 @@ typedef struct vocab_count_result {
     vocab_cat_stats *per_cat;  /* [n_cat]: dataset categories, then one for "no category" */
     size_t n_cat;
     double seconds;            /* wall time of the tokenize+count phase */
+    double cpu_seconds;        /* process CPU time of that phase (all threads) */
     char first_failure[384];   /* "" or the first template error with its line */
 } vocab_count_result;
 

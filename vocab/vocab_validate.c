@@ -46,7 +46,9 @@ static void validate_usage(FILE *f) {
                "  --responses FILE      answers for {turns} records (repeatable)\n"
                "  --num-samples N       use the first N records (default 64)\n"
                "  --max-new-tokens N    greedy tokens per turn (default 256)\n"
-               "  --max-model-len N     context per sequence (default 4096)\n"
+               "  --per-category N      keep only the first N records of each category (bounded and balanced)\n"
+               "  --max-turns N         greedy user turns per record (default: all)\n"
+               "  --max-model-len N     context per sequence (default 2048)\n"
                "  --max-num-seqs N      sequences decoded together (default 8)\n"
                "  --threads N           CPU threads for the target (default 2)\n"
                "  --no-greedy           held-out coverage only (no model run)\n"
@@ -226,11 +228,12 @@ int vocab_validate_main(int argc, char **argv) {
         {"responses", 1, 0, 'r'},      {"num-samples", 1, 0, 'n'},   {"max-new-tokens", 1, 0, 'g'},
         {"max-model-len", 1, 0, 'L'},  {"max-num-seqs", 1, 0, 'S'},  {"threads", 1, 0, 'j'},
         {"no-greedy", 0, 0, 'G'},      {"save-responses", 1, 0, 's'}, {"help", 0, 0, 'h'},
+        {"per-category", 1, 0, 'P'},   {"max-turns", 1, 0, 'T'},
         {0, 0, 0, 0}};
     const char *draft = NULL, *target = NULL, *save = NULL;
     char *data[MAX_FILES], *resp[MAX_FILES];
     int n_data = 0, n_resp = 0;
-    long num = 64, max_new = 256, max_len = 4096, max_seqs = 8, threads = 2;
+    long num = 64, max_new = 256, max_len = 2048, max_seqs = 8, threads = 2, per_cat = 0, max_turns_opt = 0;
     bool greedy = true;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -252,6 +255,8 @@ int vocab_validate_main(int argc, char **argv) {
         case 'S': max_seqs = strtol(optarg, &e, 10); break;
         case 'j': threads = strtol(optarg, &e, 10); break;
         case 'G': greedy = false; break;
+        case 'P': per_cat = strtol(optarg, &e, 10); break;
+        case 'T': max_turns_opt = strtol(optarg, &e, 10); break;
         case 's': save = optarg; break;
         case 'h': validate_usage(stdout); return 0;
         default: validate_usage(stderr); return 2;
@@ -262,7 +267,7 @@ int vocab_validate_main(int argc, char **argv) {
         }
     }
     if (!draft || !target || !n_data || optind < argc || num < 1 || max_new < 1 || max_new > 1 << 20 ||
-        max_len < 16 || max_len > 1 << 20 || max_seqs < 1 || max_seqs > 256 || threads < 1 || threads > 256) {
+        max_len < 16 || max_len > 1 << 20 || max_seqs < 1 || max_seqs > 256 || threads < 1 || threads > 256 || per_cat < 0 || max_turns_opt < 0) {
         fprintf(stderr, "specd vocab validate: --draft, --target and --data are required; numbers must be positive\n");
         validate_usage(stderr);
         return 2;
@@ -285,7 +290,19 @@ int vocab_validate_main(int argc, char **argv) {
     }
     printf("map: %s: draft vocab %lld -> target vocab %lld (ids %lld..%lld)\n", raw.source, (long long)m.n_draft,
            (long long)m.n_target, (long long)m.used[0], (long long)m.used[m.n_draft - 1]);
-    if (vocab_cli_load_data(&ds, data, n_data, resp, n_resp, num) < 0) goto out;
+    if (vocab_cli_load_data(&ds, data, n_data, resp, n_resp, per_cat ? 0 : num) < 0) goto out;
+    if (per_cat) { /* first PER_CAT records of each category (and of "no category"), file order kept */
+        int64_t *seen = calloc(ds.n_categories + 1, sizeof *seen);
+        size_t w = 0;
+        for (size_t i = 0; seen && i < ds.n_rec; i++) {
+            size_t k = ds.rec[i].category >= 0 ? (size_t)ds.rec[i].category : ds.n_categories;
+            if (seen[k]++ < per_cat && (int64_t)w < num) ds.rec[w++] = ds.rec[i];
+            else vocab_record_free(&ds.rec[i]);
+        }
+        free(seen);
+        ds.n_rec = w;
+        printf("data: kept the first %ld records of each category: %zu records\n", per_cat, w);
+    }
 
     /* 1. held-out assistant tokens */
     vocab_count_opts co = {.max_seq_len = 0, .n_threads = 2, .t2d = m.t2d};
@@ -317,6 +334,7 @@ int vocab_validate_main(int argc, char **argv) {
     size_t max_turns = 0;
     for (size_t i = 0; i < ds.n_rec; i++)
         if (ds.rec[i].n_turns > max_turns) max_turns = ds.rec[i].n_turns;
+    if (max_turns_opt && (size_t)max_turns_opt < max_turns) max_turns = (size_t)max_turns_opt;
     size_t n_cat = ds.n_categories + 1;
     gs.max_turns = max_turns;
     gs.t2d = m.t2d;
