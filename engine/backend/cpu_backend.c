@@ -9,20 +9,25 @@
  * Threading: called from the engine thread; parallel inside with OpenMP.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu_internal.h"
 
 /* RMSNorm (Zhang & Sennrich 2019): x * 1/sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in a fixed sequential order (double accumulator). */
-static void cpu_rmsnorm(void *vctx, const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out) {
-    cpu_ctx *ctx = vctx;
-#pragma omp parallel for schedule(static) num_threads(ctx->n_threads) if (T > 1)
-    for (int32_t t = 0; t < T; t++) {
+typedef struct norm_job { const float *x, *g; int32_t dim; float eps; float *out; } norm_job;
+static void norm_rows(void *va, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const norm_job *j = va;
+    const float *x = j->x, *g = j->g;
+    const int32_t dim = j->dim;
+    const float eps = j->eps;
+    float *out = j->out;
+    for (int64_t t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * dim;
         float *ot = out + (size_t)t * dim;
         double ss = 0;
@@ -32,14 +37,26 @@ static void cpu_rmsnorm(void *vctx, const float *x, const float *g, int32_t T, i
     }
 }
 
+static void cpu_rmsnorm(void *vctx, const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out) {
+    cpu_ctx *ctx = vctx;
+    norm_job j = {x, g, dim, eps, out};
+    tpool_run(ctx->pool, norm_rows, &j, T, 8);
+}
+
 /* RoPE (Su et al. 2021). angle = pos * inv_freq[i]; pair (a, b) rotated by it.
  * neox: a = x[i], b = x[i + rot/2] (HF rotate_half); else a = x[2i], b = x[2i+1]. */
-static void cpu_rope(void *vctx, float *x, int32_t T, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                     const int32_t *pos, const float *inv_freq, float mscale, bool neox) {
-    cpu_ctx *ctx = vctx;
-    const int32_t half = rot_dim / 2;
-#pragma omp parallel for schedule(static) num_threads(ctx->n_threads) if (T > 1)
-    for (int32_t t = 0; t < T; t++) {
+typedef struct rope_job {
+    float *x; int32_t n_heads, head_dim, rot_dim; const int32_t *pos; const float *inv_freq; float mscale; bool neox;
+} rope_job;
+static void rope_rows(void *va, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const rope_job *j = va;
+    float *x = j->x;
+    const int32_t n_heads = j->n_heads, head_dim = j->head_dim, half = j->rot_dim / 2;
+    const int32_t *pos = j->pos;
+    const float *inv_freq = j->inv_freq, mscale = j->mscale;
+    const bool neox = j->neox;
+    for (int64_t t = t0; t < t1; t++) {
         for (int32_t i = 0; i < half; i++) {
             /* angle in double then rounded: identical for a given (pos, i) */
             double ang = (double)pos[t] * (double)inv_freq[i];
@@ -53,6 +70,13 @@ static void cpu_rope(void *vctx, float *x, int32_t T, int32_t n_heads, int32_t h
             }
         }
     }
+}
+
+static void cpu_rope(void *vctx, float *x, int32_t T, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                     const int32_t *pos, const float *inv_freq, float mscale, bool neox) {
+    cpu_ctx *ctx = vctx;
+    rope_job j = {x, n_heads, head_dim, rot_dim, pos, inv_freq, mscale, neox};
+    tpool_run(ctx->pool, rope_rows, &j, T, 4);
 }
 
 static inline size_t kv_slot(const bk_kv_layer *kv, const bk_attn_meta *m, int32_t seq, int32_t p) {
@@ -73,66 +97,92 @@ static void cpu_kv_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *
  * For token t, head h: s_j = scale * q.k_j for j in [0, pos[t]] (minus masked
  * in-step tree positions), p = softmax(s) (max-subtracted, sequential sums in
  * double), out = sum_j p_j v_j in position order. */
-static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
-                          int32_t n_heads, float scale, float *out) {
-    cpu_ctx *ctx = vctx;
-    const int32_t T = m->n_tokens, hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
-    int32_t max_len = 0;
-    for (int32_t t = 0; t < T; t++) if (m->pos[t] + 1 > max_len) max_len = m->pos[t] + 1;
-#pragma omp parallel num_threads(ctx->n_threads)
-    {
-        float *s = malloc(sizeof(float) * (size_t)max_len);
-        double *acc = malloc(sizeof(double) * (size_t)hd);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int32_t t = 0; t < T; t++) {
-            for (int32_t h = 0; h < n_heads; h++) {
-                if (!s || !acc) continue;
-                const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
-                const float *qh = q + ((size_t)t * n_heads + h) * hd;
-                float mx = -INFINITY;
-                for (int32_t j = 0; j < len; j++) {
-                    if (m->tree_mask) {
-                        /* in-step token at position j? masked if the tree says so */
-                        int masked = 0;
-                        for (int32_t u = 0; u < T; u++)
-                            if (m->seq_of[u] == seq && m->pos[u] == j) { masked = !m->tree_mask[(size_t)t * T + u]; break; }
-                        if (masked) { s[j] = -INFINITY; continue; }
-                    }
-                    const float *kj = kv->k + kv_slot(kv, m, seq, j) + (size_t)kvh * hd;
-                    float d = 0;
-                    for (int32_t i = 0; i < hd; i++) d += qh[i] * kj[i];
-                    s[j] = d * scale;
-                    if (s[j] > mx) mx = s[j];
-                }
-                double sum = 0;
-                for (int32_t j = 0; j < len; j++) {
-                    float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
-                    s[j] = e;
-                    sum += e;
-                }
-                for (int32_t i = 0; i < hd; i++) acc[i] = 0;
-                for (int32_t j = 0; j < len; j++) {
-                    if (s[j] == 0.0f) continue;
-                    const float *vj = kv->v + kv_slot(kv, m, seq, j) + (size_t)kvh * hd;
-                    for (int32_t i = 0; i < hd; i++) acc[i] += (double)s[j] * vj[i];
-                }
-                float *oh = out + ((size_t)t * n_heads + h) * hd;
-                for (int32_t i = 0; i < hd; i++) oh[i] = (float)(acc[i] / sum);
+typedef struct attn_job {
+    cpu_ctx *ctx;
+    const bk_kv_layer *kv;
+    const bk_attn_meta *m;
+    const float *q;
+    int32_t n_heads;
+    float scale;
+    float *out;
+    int32_t max_len;
+} attn_job;
+
+/* Items are (token, head) pairs: item = t * n_heads + h. */
+static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
+    const attn_job *j = va;
+    const bk_kv_layer *kv = j->kv;
+    const bk_attn_meta *m = j->m;
+    const int32_t T = m->n_tokens, hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
+    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
+    if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
+    double *acc = (double *)(void *)(s + j->max_len + (j->max_len & 1));
+    for (int64_t it = i0; it < i1; it++) {
+        const int32_t t = (int32_t)(it / n_heads), h = (int32_t)(it % n_heads);
+        const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
+        const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
+        float mx = -INFINITY;
+        for (int32_t p = 0; p < len; p++) {
+            if (m->tree_mask) {
+                /* an in-step token at position p of this sequence: masked if the tree says so */
+                int masked = 0;
+                for (int32_t u = 0; u < T; u++)
+                    if (m->seq_of[u] == seq && m->pos[u] == p) { masked = !m->tree_mask[(size_t)t * T + u]; break; }
+                if (masked) { s[p] = -INFINITY; continue; }
             }
+            const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            float d = 0;
+            for (int32_t i = 0; i < hd; i++) d += qh[i] * kp[i];
+            s[p] = d * j->scale;
+            if (s[p] > mx) mx = s[p];
         }
-        free(s);
-        free(acc);
+        double sum = 0;
+        for (int32_t p = 0; p < len; p++) {
+            float e = s[p] == -INFINITY ? 0.0f : expf(s[p] - mx);
+            s[p] = e;
+            sum += e;
+        }
+        for (int32_t i = 0; i < hd; i++) acc[i] = 0;
+        for (int32_t p = 0; p < len; p++) {
+            if (s[p] == 0.0f) continue;
+            const float *vp = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            for (int32_t i = 0; i < hd; i++) acc[i] += (double)s[p] * vp[i];
+        }
+        float *oh = j->out + ((size_t)t * n_heads + h) * hd;
+        for (int32_t i = 0; i < hd; i++) oh[i] = (float)(acc[i] / sum);
     }
 }
 
+/* Scaled dot-product attention (Vaswani et al. 2017) over the paged cache.
+ * For token t, head h: s_p = scale * q.k_p for p in [0, pos[t]] (minus masked
+ * in-step tree positions), softmax (max-subtracted; sums in double, in
+ * position order), out = sum_p w_p v_p in position order. */
+static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
+                          int32_t n_heads, float scale, float *out) {
+    cpu_ctx *ctx = vctx;
+    int32_t max_len = 0;
+    for (int32_t t = 0; t < m->n_tokens; t++) if (m->pos[t] + 1 > max_len) max_len = m->pos[t] + 1;
+    for (int i = 0; i < ctx->n_threads; i++)
+        if (!cpu_scratch_get(ctx, i, (size_t)max_len + 2 * (size_t)kv->head_dim + 2)) return;
+    attn_job j = {ctx, kv, m, q, n_heads, scale, out, max_len};
+    tpool_run(ctx->pool, attn_items, &j, (int64_t)m->n_tokens * n_heads, 1);
+}
+
 /* SwiGLU gate (Shazeer 2020): silu(g) * u, silu(g) = g / (1 + e^-g). */
+typedef struct silu_job { const float *gate, *up; float *out; } silu_job;
+static void silu_range(void *va, int64_t i0, int64_t i1, int tid) {
+    (void)tid;
+    const silu_job *j = va;
+    for (int64_t i = i0; i < i1; i++) {
+        float g = j->gate[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
 static void cpu_silu_mul(void *vctx, const float *gate, const float *up, int64_t n, float *out) {
     cpu_ctx *ctx = vctx;
-#pragma omp parallel for schedule(static) num_threads(ctx->n_threads) if (n > 16384)
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    silu_job j = {gate, up, out};
+    tpool_run(ctx->pool, silu_range, &j, n, 4096);
 }
 
 static void cpu_add(void *vctx, float *y, const float *x, int64_t n) {
@@ -147,6 +197,17 @@ static int cpu_embed(void *vctx, const bk_weight *w, const int32_t *tokens, int3
         bk_weight_row_f32(w, tokens[t], out + (size_t)t * w->cols);
     }
     return 0;
+}
+
+float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
+    cpu_scratch *sc = &ctx->scratch[tid];
+    if (n > sc->cap) {
+        float *p = realloc(sc->buf, n * sizeof(float));
+        if (!p) return NULL;
+        sc->buf = p;
+        sc->cap = n;
+    }
+    return sc->buf;
 }
 
 static const bk_ops CPU_OPS = {
@@ -172,7 +233,20 @@ backend *bk_cpu_create(int n_threads) {
     ctx->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     const char *force = getenv("SPECD_CPU_PORTABLE");
     if (force && *force == '1') ctx->avx2 = 0;
-    ctx->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    if (n_threads <= 0) {
+        const char *e = getenv("OMP_NUM_THREADS");
+        n_threads = e && atoi(e) > 0 ? atoi(e) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    }
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > CPU_MAX_THREADS) n_threads = CPU_MAX_THREADS;
+    ctx->n_threads = n_threads;
+    ctx->pool = tpool_create(n_threads);
+    if (!ctx->pool) {
+        free(b);
+        free(ctx);
+        return NULL;
+    }
+    ctx->n_threads = tpool_size(ctx->pool);
     snprintf(ctx->desc, sizeof ctx->desc, "cpu (%s kernels, %d threads)", ctx->avx2 ? "avx2+fma" : "portable",
              ctx->n_threads);
     b->name = "cpu";
@@ -183,6 +257,9 @@ backend *bk_cpu_create(int n_threads) {
 
 void bk_cpu_destroy(backend *b) {
     if (!b) return;
+    cpu_ctx *ctx = b->ctx;
+    tpool_destroy(ctx->pool);
+    for (int i = 0; i < CPU_MAX_THREADS; i++) free(ctx->scratch[i].buf);
     free(b->ctx);
     free(b);
 }

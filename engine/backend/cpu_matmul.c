@@ -19,7 +19,6 @@
  * pack_to_int32 for I4G32 (verified by the Kimi tests against the package).
  */
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,12 +277,122 @@ static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const flo
     return acc + accm;
 }
 
+/* ------------------------------------------------- fused block dots (AVX2)
+ * Block formats dequantize in registers (no store of the unpacked row). The
+ * per-token operation sequence is the same in the 1- and 4-token variants:
+ *   s = q0*x0; s = fma(q1,x1,s); s = fma(q2,x2,s); s = fma(q3,x3,s);
+ *   acc = fma(d, s, acc); accm += m * xs_b;   y = hsum(acc) + accm.
+ * (Q8_0 has no m term.) */
+
+__attribute__((target("avx2,fma,f16c"))) static inline void q4_load(const uint8_t *nib, __m256 *q) {
+    const __m128i lomask = _mm_set1_epi8(0x0f);
+    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)nib);
+    __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline void q8_load(const uint8_t *qs, __m256 *q) {
+    for (int g = 0; g < 4; g++)
+        q[g] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * g))));
+}
+
+/* KIND: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 */
+#define DEF_DOT_FUSED(NT)                                                                                          \
+    __attribute__((target("avx2,fma,f16c"))) static void fdot##NT(int kind, const uint8_t *w, int64_t n,         \
+                                                               const float *x, size_t ldx, const float *xs,       \
+                                                               size_t ldxs, float *out) {                         \
+        const size_t bs = kind == 0 ? 34 : kind == 1 ? 18 : 20, qo = kind == 2 ? 4 : 2;                           \
+        __m256 acc[NT];                                                                                            \
+        float accm[NT];                                                                                            \
+        for (int u = 0; u < NT; u++) { acc[u] = _mm256_setzero_ps(); accm[u] = 0; }                              \
+        for (int64_t b = 0; b < n / 32; b++, w += bs) {                                                            \
+            uint16_t d16; memcpy(&d16, w, 2);                                                                      \
+            const float df = _cvtsh_ss(d16); /* F16C: exact, same value as fp16_to_f32 */                          \
+            float mf = 0;                                                                                          \
+            if (kind == 2) { uint16_t m16; memcpy(&m16, w + 2, 2); mf = _cvtsh_ss(m16); }                        \
+            else if (kind == 1) mf = -8.0f * df;                                                                   \
+            __m256 q[4];                                                                                           \
+            if (kind == 0) q8_load(w + qo, q); else q4_load(w + qo, q);                                            \
+            const __m256 d = _mm256_set1_ps(df);                                                                   \
+            for (int u = 0; u < NT; u++) {                                                                         \
+                const float *xb = x + (size_t)u * ldx + b * 32;                                                    \
+                __m256 sv = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));                                              \
+                sv = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), sv);                                           \
+                sv = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), sv);                                          \
+                sv = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), sv);                                          \
+                acc[u] = _mm256_fmadd_ps(d, sv, acc[u]);                                                           \
+                if (kind) accm[u] += mf * xs[(size_t)u * ldxs + b];                                                \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int u = 0; u < NT; u++) out[u] = hsum8(acc[u]) + accm[u];                                             \
+    }
+DEF_DOT_FUSED(1)
+DEF_DOT_FUSED(4)
+
 /* ---------------------------------------------------------------- matmul */
+
+typedef struct mm_job {
+    cpu_ctx *ctx;
+    const bk_weight *w;
+    const float *x, *xs;
+    float *y;
+    int32_t T;
+    int fail;
+} mm_job;
+
+/* Rows [r0, r1) for every token: each row unpacked once, then dotted with the
+ * tokens four at a time. */
+static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
+    mm_job *j = va;
+    const bk_weight *w = j->w;
+    const int64_t rows = w->rows, cols = w->cols, nb = cols / 32;
+    float *s = cpu_scratch_get(j->ctx, tid, (size_t)cols + 2 * (size_t)(nb + 1));
+    if (!s) { j->fail = 1; return; }
+    row_buf rb = {.qf = s, .d = s + cols, .m = s + cols + nb + 1};
+    const int avx2 = j->ctx->avx2;
+    const float *x = j->x, *xs = j->xs;
+    float *y = j->y;
+    const int kind = w->type == BK_W_Q8_0 ? 0 : w->type == BK_W_Q4_0 ? 1 : w->type == BK_W_Q4_1 ? 2 : -1;
+    if (avx2 && kind >= 0) {
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            int32_t t = 0;
+            float o4[4];
+            for (; t + 4 <= j->T; t += 4) {
+                fdot4(kind, wr, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
+            }
+            for (; t < j->T; t++) {
+                fdot1(kind, wr, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                y[(size_t)t * rows + r] = o4[0];
+            }
+        }
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        if (avx2) unpack_row_avx2(w, r, &rb);
+        else unpack_row_scalar(w, r, &rb);
+        int32_t t = 0;
+        float o4[4];
+        if (avx2)
+            for (; t + 4 <= j->T; t += 4) {
+                dot4_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
+            }
+        for (; t < j->T; t++) {
+            if (avx2) dot1_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+            else o4[0] = dot1_scalar(&rb, cols, x + (size_t)t * cols, xs + (size_t)t * nb);
+            y[(size_t)t * rows + r] = o4[0];
+        }
+    }
+}
 
 int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float *y) {
     cpu_ctx *ctx = vctx;
-    const int64_t rows = w->rows, cols = w->cols, nb = cols / 32;
-    const int avx2 = ctx->avx2;
+    const int64_t cols = w->cols, nb = cols / 32;
     /* Per-token block sums of x (a function of each activation row alone). */
     float *xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
     if (!xs) return -1;
@@ -293,42 +402,8 @@ int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float 
             for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];
             xs[(size_t)t * nb + b] = s;
         }
-    int fail = 0;
-#pragma omp parallel num_threads(ctx->n_threads)
-    {
-        row_buf rb;
-        rb.qf = malloc(sizeof(float) * (size_t)cols);
-        rb.d = malloc(sizeof(float) * (size_t)(nb + 1));
-        rb.m = malloc(sizeof(float) * (size_t)(nb + 1));
-        if (!rb.qf || !rb.d || !rb.m) {
-#pragma omp atomic write
-            fail = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            if (fail) continue;
-            const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
-            for (int64_t r = r0; r < r1; r++) {
-                if (avx2) unpack_row_avx2(w, r, &rb);
-                else unpack_row_scalar(w, r, &rb);
-                int32_t t = 0;
-                float o4[4];
-                if (avx2)
-                    for (; t + 4 <= T; t += 4) {
-                        dot4_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
-                        for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
-                    }
-                for (; t < T; t++) {
-                    if (avx2) dot1_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
-                    else o4[0] = dot1_scalar(&rb, cols, x + (size_t)t * cols, xs + (size_t)t * nb);
-                    y[(size_t)t * rows + r] = o4[0];
-                }
-            }
-        }
-        free(rb.qf);
-        free(rb.d);
-        free(rb.m);
-    }
+    mm_job j = {ctx, w, x, xs, y, T, 0};
+    tpool_run(ctx->pool, mm_rows, &j, w->rows, 16);
     free(xs);
-    return fail ? -1 : 0;
+    return j.fail ? -1 : 0;
 }
