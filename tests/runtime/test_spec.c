@@ -1,0 +1,410 @@
+/*
+ * test_spec.c: the speculative step against the fake runner and the fake
+ * proposer (fake_proposer.h, which also checks the engine keeps the proposer
+ * contract of draft/eagle3.h).
+ *
+ *  - Lossless greedy: for k = 1, 3, 5, eight concurrent requests (some with
+ *    k = 0 in the same batch), chunked prefill, and a run with a pool small
+ *    enough to preempt: every output equals the cache-free reference decode
+ *    token for token; acceptance is partial (corrupted drafts) and counted
+ *    per position; all blocks free at the end.
+ *  - Stops inside an accepted block (EOS, a stop string, max_tokens) with
+ *    k = 5 and drafts that are always right: tokens, text, usage, finish and
+ *    stop reason identical to the same request served without speculation.
+ *  - Lossless sampling, end to end: 20,000 seeded requests (temperature 1,
+ *    top_k 4) with and without speculation (k = 2, drafts SAMPLED from a
+ *    different q), the first four tokens of each compared with the exact
+ *    distribution (computed by enumerating the processed distributions of the
+ *    fake LM): chi-square on the (t1, t2), (t2, t3) and (t3, t4) tables
+ *    (t2 and t3 come from accept/reject of 2 drafts, t4 is the bonus or a
+ *    plain decode), cells with expected count < 5 merged. Each of the 6
+ *    tables (3 per mode) uses alpha = 1e-6 / 6, so
+ *    a correct engine fails this test with probability <= 1e-6 (union bound)
+ *    for a random seed; the seeds are fixed, so it is deterministic.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fake_proposer.h"
+#include "fake_runner.h"
+#include "engine/runtime/engine_ex.h"
+
+typedef struct rig {
+    fake_runner f;
+    fake_prop *fp;
+    spec_proposer prop;
+    engine_runner r;
+    engine_detok d;
+    engine *e;
+} rig;
+
+static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int32_t max_seqs, int32_t budget,
+                     int32_t k, bool with_proposer) {
+    memset(g, 0, sizeof *g);
+    fake_pieces = NULL;
+    assert_int_equal(fake_runner_init(&g->f, n_blocks, bs, &g->r), 0);
+    g->fp = calloc(1, sizeof *g->fp);
+    g->fp->wrong_every = 3;
+    g->fp->q_temp = 2.0f;      /* flatter than p: often proposes ids outside top-k (p = 0) */
+    g->fp->q_temp_odd = 0.08f; /* sharper than p: p/q < 1 on its favourite */
+    sampler_rng_seed(&g->fp->rng, 4242);
+    g->prop = (spec_proposer){.ops = &fp_ops, .ctx = g->fp};
+    g->d = fake_detok();
+    engine_config cfg = {.max_model_len = max_len, .max_num_seqs = max_seqs, .max_num_batched_tokens = budget,
+                         .max_waiting = 100000, .num_speculative_tokens = k};
+    specd_err err = {0};
+    if (engine_create_ex(&cfg, &g->r, &g->d, NULL, NULL, &g->e, &err) != 0) fail_msg("%s", err.msg);
+    if (with_proposer && engine_set_proposer(g->e, &g->prop, &err) != 0) fail_msg("%s", err.msg);
+}
+
+static void rig_free(rig *g) {
+    engine_destroy(g->e);
+    free(g->f.kv);
+    free(g->fp);
+}
+
+static void run_idle(rig *g) {
+    specd_err err = {0};
+    for (int i = 0; i < 100000; i++) {
+        int n = engine_step(g->e, &err);
+        if (n == 0) return;
+        if (n < 0) fail_msg("step: %s", err.msg);
+    }
+    fail_msg("engine never idle");
+}
+
+typedef struct result {
+    int32_t toks[256];
+    int32_t n;
+    char text[4096];
+    finish_reason fin;
+    char stop_reason[64];
+    int32_t usage;
+    int n_outputs;
+} result;
+
+static void drain(engine_stream *s, result *r) {
+    memset(r, 0, sizeof *r);
+    engine_output *o;
+    while (engine_stream_poll(s, &o)) {
+        r->n_outputs++;
+        for (size_t i = 0; i < o->n_tokens; i++) r->toks[r->n++] = o->token_ids[i];
+        strncat(r->text, o->text, sizeof r->text - strlen(r->text) - 1);
+        r->fin = o->finish;
+        r->usage = o->n_completion_tokens;
+        snprintf(r->stop_reason, sizeof r->stop_reason, "%s", o->stop_reason);
+        engine_output_free(o);
+    }
+    engine_stream_release(s);
+}
+
+static engine_stream *sub(rig *g, const int32_t *p, int32_t n, const sampling_params *sp) {
+    engine_request rq;
+    memset(&rq, 0, sizeof rq);
+    rq.sp = *sp;
+    rq.prompt = p;
+    rq.n_prompt = (size_t)n;
+    specd_err err = {0};
+    engine_stream *s = engine_submit(g->e, &rq, NULL, NULL, NULL, &err);
+    if (!s) fail_msg("submit: %s", err.msg);
+    return s;
+}
+
+static void make_prompt(int32_t *p, int32_t n, int32_t salt) {
+    for (int32_t i = 0; i < n; i++) p[i] = (salt * 11 + i * 17) % (FAKE_VOCAB - 1);
+}
+
+static void greedy_lossless(int32_t k, int32_t n_blocks, bool expect_preempt) {
+    rig g;
+    rig_init(&g, n_blocks, 4, 96, 8, 32, k, true);
+    enum { N = 8 };
+    int32_t p[N][40], len[N], maxt[N];
+    engine_stream *s[N];
+    for (int i = 0; i < N; i++) {
+        len[i] = 3 + i * 5;
+        maxt[i] = 10 + (i * 7) % 21;
+        make_prompt(p[i], len[i], i);
+        sampling_params sp;
+        sampling_params_init(&sp);
+        sp.temperature = 0.0f;
+        sp.max_tokens = maxt[i];
+        sp.num_speculative_tokens = i == 3 ? 0 : -1; /* one plain request in the same batches */
+        s[i] = sub(&g, p[i], len[i], &sp);
+    }
+    run_idle(&g);
+    for (int i = 0; i < N; i++) {
+        result r;
+        drain(s[i], &r);
+        int32_t ref[64];
+        int32_t nr = fake_reference_greedy(p[i], len[i], maxt[i], 0, false, ref);
+        assert_int_equal(r.n, nr);
+        assert_memory_equal(r.toks, ref, (size_t)nr * sizeof *ref);
+        assert_int_equal(r.usage, nr);
+        assert_int_equal(r.fin, FINISH_LENGTH);
+    }
+    if (g.fp->violations) fail_msg("proposer contract: %d violations, first: %s", g.fp->violations, g.fp->first_violation);
+    engine_stats st;
+    engine_get_stats(g.e, &st);
+    printf("k=%d: drafts %lld, draft tokens %lld, accepted %lld, preemptions %lld, acceptance length %.2f\n", k,
+           (long long)st.spec_num_drafts_total, (long long)st.spec_num_draft_tokens_total,
+           (long long)st.spec_num_accepted_tokens_total, (long long)st.preemptions_total,
+           1.0 + (double)st.spec_num_accepted_tokens_total / (double)st.spec_num_drafts_total);
+    assert_true(st.spec_num_drafts_total > 0);
+    assert_true(st.spec_num_accepted_tokens_total > 0);
+    assert_true(st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total);
+    int64_t per = 0;
+    for (int j = 0; j < 16; j++) per += st.spec_accepted_per_pos_total[j];
+    assert_int_equal(per, st.spec_num_accepted_tokens_total);
+    for (int j = k; j < 16; j++) assert_int_equal(st.spec_accepted_per_pos_total[j], 0);
+    /* fewer steps than tokens: several tokens per step */
+    assert_true(st.steps_total < st.generation_tokens_total);
+    if (expect_preempt) assert_true(st.preemptions_total > 0);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+    assert_int_equal(g.fp->frees, N);
+    rig_free(&g);
+}
+
+static void test_greedy_lossless_k1(void **st) { (void)st; greedy_lossless(1, 128, false); }
+static void test_greedy_lossless_k3(void **st) { (void)st; greedy_lossless(3, 128, false); }
+static void test_greedy_lossless_k5(void **st) { (void)st; greedy_lossless(5, 128, false); }
+static void test_greedy_lossless_preempt(void **st) { (void)st; greedy_lossless(3, 28, true); }
+
+/* Same request with and without speculation: everything the client sees is equal. */
+static void same_as_plain(const sampling_params *sp, int eos_bias, const int32_t *p, int32_t n, result *out) {
+    result r[2];
+    for (int spec = 0; spec < 2; spec++) {
+        rig g;
+        rig_init(&g, 64, 4, 96, 8, 64, 5, spec == 1);
+        g.fp->wrong_every = 0; /* drafts always right: the stop falls inside an accepted block */
+        g.f.eos_bias = eos_bias;
+        g.fp->eos_bias = eos_bias; /* the drafts propose the EOS too */
+        engine_stream *s = sub(&g, p, n, sp);
+        run_idle(&g);
+        drain(s, &r[spec]);
+        engine_stats st;
+        engine_get_stats(g.e, &st);
+        if (spec) {
+            assert_true(st.spec_num_accepted_tokens_total > 0);
+            assert_true(r[1].n_outputs < r[1].n); /* several tokens per output */
+        }
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        rig_free(&g);
+    }
+    assert_int_equal(r[0].n, r[1].n);
+    assert_memory_equal(r[0].toks, r[1].toks, (size_t)r[0].n * sizeof(int32_t));
+    assert_string_equal(r[0].text, r[1].text);
+    assert_int_equal(r[0].fin, r[1].fin);
+    assert_string_equal(r[0].stop_reason, r[1].stop_reason);
+    assert_int_equal(r[0].usage, r[1].usage);
+    *out = r[1];
+}
+
+static void test_stops_inside_block(void **st) {
+    (void)st;
+    int32_t p[9];
+    make_prompt(p, 9, 3);
+    sampling_params sp;
+    sampling_params_init(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = 40;
+    result r;
+    /* EOS at context length 9 + 7: the 8th output */
+    same_as_plain(&sp, 16, p, 9, &r);
+    assert_int_equal(r.fin, FINISH_STOP);
+    assert_int_equal(r.n, 8);
+    assert_int_equal(r.toks[7], FAKE_EOS);
+    assert_int_equal(r.usage, 8);
+    /* a stop string: the text of the 7th reference token */
+    int32_t ref[40];
+    fake_reference_greedy(p, 9, 40, 0, false, ref);
+    char stop[16];
+    snprintf(stop, sizeof stop, "%s", fake_piece(ref[6]));
+    const char *stops[1] = {stop};
+    sp.stop = stops;
+    sp.n_stop = 1;
+    same_as_plain(&sp, 0, p, 9, &r);
+    assert_int_equal(r.fin, FINISH_STOP);
+    assert_string_equal(r.stop_reason, stop);
+    assert_true(r.n <= 7);
+    char want[512] = "";
+    for (int i = 0; i < 6; i++) strcat(want, fake_piece(ref[i]));
+    assert_int_equal(strncmp(r.text, want, strlen(r.text)), 0); /* text before the (earliest) match */
+    /* max_tokens inside a block */
+    sp.stop = NULL;
+    sp.n_stop = 0;
+    sp.max_tokens = 7;
+    same_as_plain(&sp, 0, p, 9, &r);
+    assert_int_equal(r.fin, FINISH_LENGTH);
+    assert_int_equal(r.n, 7);
+    assert_memory_equal(r.toks, ref, 7 * sizeof(int32_t));
+}
+
+/* ---- statistics: chi-square upper tail via the regularized gamma function ---- */
+static double gamma_q(double a, double x) { /* Q(a, x) = 1 - P(a, x) */
+    if (x <= 0) return 1.0;
+    if (x < a + 1) { /* series for P */
+        double sum = 1.0 / a, term = sum;
+        for (int n = 1; n < 1000; n++) {
+            term *= x / (a + n);
+            sum += term;
+            if (term < sum * 1e-15) break;
+        }
+        return 1.0 - sum * exp(-x + a * log(x) - lgamma(a));
+    }
+    double b = x + 1 - a, c = 1e300, d = 1 / b, h = d; /* continued fraction for Q (Lentz) */
+    for (int i = 1; i < 1000; i++) {
+        double an = -i * (i - a);
+        b += 2;
+        d = an * d + b;
+        if (fabs(d) < 1e-300) d = 1e-300;
+        c = b + an / c;
+        if (fabs(c) < 1e-300) c = 1e-300;
+        d = 1 / d;
+        double del = d * c;
+        h *= del;
+        if (fabs(del - 1) < 1e-15) break;
+    }
+    return exp(-x + a * log(x) - lgamma(a)) * h;
+}
+static double chi2_sf(double x, int df) { return gamma_q(df / 2.0, x / 2.0); }
+
+/* chi-square of observed vs expected (probabilities), cells < 5 expected merged; returns the p-value */
+static double chi2_pvalue(const long *obs, const double *prob, int n_cells, long n) {
+    double chi = 0, m_obs = 0, m_exp = 0;
+    int df = -1;
+    for (int c = 0; c < n_cells; c++) {
+        double e = prob[c] * (double)n;
+        if (prob[c] == 0.0) {
+            if (obs[c] != 0) return 0.0; /* impossible outcome observed */
+            continue;
+        }
+        if (e < 5) {
+            m_obs += (double)obs[c];
+            m_exp += e;
+            continue;
+        }
+        chi += ((double)obs[c] - e) * ((double)obs[c] - e) / e;
+        df++;
+    }
+    if (m_exp > 0) {
+        chi += (m_obs - m_exp) * (m_obs - m_exp) / m_exp;
+        df++;
+    }
+    return df > 0 ? chi2_sf(chi, df) : 1.0;
+}
+
+static void test_sampling_lossless(void **st) {
+    (void)st;
+    /* sanity of the tail function: scipy.stats.chi2.sf(30.5779, 15) = 0.01, chi2.sf(7.814728, 3) = 0.05 */
+    assert_true(fabs(chi2_sf(30.5779141, 15) - 0.01) < 1e-6);
+    assert_true(fabs(chi2_sf(7.814727903, 3) - 0.05) < 1e-6);
+
+    int32_t p[6];
+    make_prompt(p, 6, 7);
+    sampling_params sp;
+    sampling_params_init(&sp);
+    sp.temperature = 1.0f;
+    sp.top_k = 4;
+    sp.max_tokens = 4;
+    sp.has_seed = true;
+    sp.ignore_eos = true;
+
+    /* exact distribution of (t1, t2, t3, t4): enumerate the nonzero paths of the
+     * processed distributions (top_k 4: at most 4^4 paths), marginals of pairs */
+    static double P12[FAKE_VOCAB * FAKE_VOCAB], P23[FAKE_VOCAB * FAKE_VOCAB], P34[FAKE_VOCAB * FAKE_VOCAB];
+    memset(P12, 0, sizeof P12);
+    memset(P23, 0, sizeof P23);
+    memset(P34, 0, sizeof P34);
+    sampler_work *w = sampler_work_create(FAKE_VOCAB);
+    float l[FAKE_VOCAB], pr[4][FAKE_VOCAB];
+    int32_t ctx[16];
+    memcpy(ctx, p, sizeof p);
+    sampler_hist h0 = {0};
+    fake_logits(ctx, 6, 0, l);
+    sampler_probs(w, &sp, &h0, l, pr[0]);
+    for (int a = 0; a < FAKE_VOCAB; a++) {
+        if (pr[0][a] == 0) continue;
+        ctx[6] = a;
+        fake_logits(ctx, 7, 0, l);
+        sampler_probs(w, &sp, &h0, l, pr[1]);
+        for (int b = 0; b < FAKE_VOCAB; b++) {
+            if (pr[1][b] == 0) continue;
+            ctx[7] = b;
+            fake_logits(ctx, 8, 0, l);
+            sampler_probs(w, &sp, &h0, l, pr[2]);
+            for (int c = 0; c < FAKE_VOCAB; c++) {
+                if (pr[2][c] == 0) continue;
+                ctx[8] = c;
+                fake_logits(ctx, 9, 0, l);
+                sampler_probs(w, &sp, &h0, l, pr[3]);
+                double pabc = (double)pr[0][a] * pr[1][b] * pr[2][c];
+                P12[a * FAKE_VOCAB + b] += pabc;
+                P23[b * FAKE_VOCAB + c] += pabc;
+                for (int d = 0; d < FAKE_VOCAB; d++) P34[c * FAKE_VOCAB + d] += pabc * pr[3][d];
+            }
+        }
+    }
+    sampler_work_destroy(w);
+
+    enum { RUNS = 20000, BATCH = 100 };
+    for (int spec = 0; spec < 2; spec++) {
+        static long O12[FAKE_VOCAB * FAKE_VOCAB], O23[FAKE_VOCAB * FAKE_VOCAB], O34[FAKE_VOCAB * FAKE_VOCAB];
+        memset(O12, 0, sizeof O12);
+        memset(O23, 0, sizeof O23);
+        memset(O34, 0, sizeof O34);
+        rig g;
+        rig_init(&g, 512, 4, 32, BATCH, 4096, 2, spec == 1);
+        for (int base = 0; base < RUNS; base += BATCH) {
+            engine_stream *s[BATCH];
+            for (int i = 0; i < BATCH; i++) {
+                sp.seed = (uint64_t)(base + i) * 7919u + 13u;
+                s[i] = sub(&g, p, 6, &sp);
+            }
+            run_idle(&g);
+            for (int i = 0; i < BATCH; i++) {
+                result r;
+                drain(s[i], &r);
+                assert_int_equal(r.n, 4);
+                O12[r.toks[0] * FAKE_VOCAB + r.toks[1]]++;
+                O23[r.toks[1] * FAKE_VOCAB + r.toks[2]]++;
+                O34[r.toks[2] * FAKE_VOCAB + r.toks[3]]++;
+            }
+        }
+        engine_stats stt;
+        engine_get_stats(g.e, &stt);
+        double pv12 = chi2_pvalue(O12, P12, FAKE_VOCAB * FAKE_VOCAB, RUNS);
+        double pv23 = chi2_pvalue(O23, P23, FAKE_VOCAB * FAKE_VOCAB, RUNS);
+        double pv34 = chi2_pvalue(O34, P34, FAKE_VOCAB * FAKE_VOCAB, RUNS);
+        printf("%s: p-values (t1,t2) %.4g, (t2,t3) %.4g, (t3,t4) %.4g; drafts %lld, draft tokens %lld, "
+               "accepted %lld\n",
+               spec ? "speculative" : "plain", pv12, pv23, pv34, (long long)stt.spec_num_drafts_total,
+               (long long)stt.spec_num_draft_tokens_total, (long long)stt.spec_num_accepted_tokens_total);
+        if (spec) {
+            assert_true(stt.spec_num_accepted_tokens_total > 0);
+            assert_true(stt.spec_num_accepted_tokens_total < stt.spec_num_draft_tokens_total);
+            if (g.fp->violations) fail_msg("proposer contract: %s", g.fp->first_violation);
+        }
+        assert_true(pv12 > 1e-6 / 6);
+        assert_true(pv23 > 1e-6 / 6);
+        assert_true(pv34 > 1e-6 / 6);
+        assert_int_equal(stt.kv_blocks_free, stt.kv_blocks_total);
+        rig_free(&g);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_lossless_k1),      cmocka_unit_test(test_greedy_lossless_k3),
+        cmocka_unit_test(test_greedy_lossless_k5),      cmocka_unit_test(test_greedy_lossless_preempt),
+        cmocka_unit_test(test_stops_inside_block),      cmocka_unit_test(test_sampling_lossless),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
