@@ -45,6 +45,10 @@ typedef struct engine_detok {
     size_t n_eos;
 } engine_detok;
 
+/* The real tokenizer as a detokenizer seam (tok_stream, tok_stop_ids as EOS
+ * ids); tok must outlive the engine. In engine_model.c. */
+engine_detok engine_detok_from_tokenizer(const tokenizer *tok);
+
 /* Like engine_create, with explicit seams (copied; their ctx must outlive the
  * engine). tok may be NULL (engine_tokenizer then returns NULL); m may be NULL. */
 int engine_create_ex(const engine_config *cfg, const engine_runner *runner, const engine_detok *detok,

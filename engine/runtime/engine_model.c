@@ -30,6 +30,18 @@ static int detok_flush(void *s, char **out, size_t *len, size_t *cap) {
     return tok_stream_flush((tok_stream *)s, out, len, cap);
 }
 
+engine_detok engine_detok_from_tokenizer(const tokenizer *tok) {
+    engine_detok d = {
+        .ctx = (void *)tok,
+        .stream_create = detok_create,
+        .stream_destroy = detok_destroy,
+        .push = detok_push,
+        .flush = detok_flush,
+    };
+    d.n_eos = tok_stop_ids(tok, &d.eos_ids);
+    return d;
+}
+
 int engine_create(const engine_config *cfg_in, model *m, const tokenizer *tok, engine **out, specd_err *err) {
     *out = NULL;
     if (!cfg_in || !m || !tok) return specd_err_set(err, "engine: missing configuration, model or tokenizer");
@@ -45,15 +57,7 @@ int engine_create(const engine_config *cfg_in, model *m, const tokenizer *tok, e
     if (tok_vocab_size(tok) > r.vocab)
         return specd_err_set(err, "engine: tokenizer vocabulary %d exceeds the model's %d", tok_vocab_size(tok),
                              r.vocab);
-    engine_detok d = {
-        .ctx = (void *)tok,
-        .stream_create = detok_create,
-        .stream_destroy = detok_destroy,
-        .push = detok_push,
-        .flush = detok_flush,
-    };
-    d.n_eos = tok_stop_ids(tok, &d.eos_ids);
-
+    engine_detok d = engine_detok_from_tokenizer(tok);
     engine_config cfg = *cfg_in;
     int64_t pool = (int64_t)r.n_blocks * r.block_size;
     if (cfg.max_model_len <= 0) cfg.max_model_len = (int32_t)(mc->max_pos < pool ? mc->max_pos : pool);
