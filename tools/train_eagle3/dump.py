@@ -141,3 +141,32 @@ class DumpReader:
         if lm.shape != (T,) or aux.shape != (T, 3 * self.H) or fin.shape != (T, self.H):
             raise ValueError(f"sample {i}: inconsistent shapes")
         return {"input_ids": ids, "loss_mask": lm, "aux_hidden": aux, "final_hidden": fin}
+
+
+def validate(path: str, check_finite=True) -> dict:
+    """Read every sample of a dump; check shapes, dtypes, id range, finite
+    values and the manifest's counts.  Returns the counts; raises ValueError."""
+    r = DumpReader(path)
+    V = int(r.manifest["target"]["vocab_size"])
+    n_tok = n_loss = 0
+    for i in range(len(r)):
+        s = r.get(i)
+        ids = s["input_ids"]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+            raise ValueError(f"sample {i}: token id out of range [0, {V})")
+        if check_finite and not (torch.isfinite(s["aux_hidden"]).all() and torch.isfinite(s["final_hidden"]).all()):
+            raise ValueError(f"sample {i}: non-finite hidden states")
+        n_tok += ids.numel()
+        n_loss += int(s["loss_mask"].sum())
+    m = r.manifest
+    if m["n_samples"] != len(r) or m["n_tokens"] != n_tok or m["n_loss_tokens"] != n_loss:
+        raise ValueError(f"manifest counts ({m['n_samples']}, {m['n_tokens']}, {m['n_loss_tokens']}) "
+                         f"!= data ({len(r)}, {n_tok}, {n_loss})")
+    return {"samples": len(r), "tokens": n_tok, "loss_tokens": n_loss}
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] != "validate":
+        sys.exit("usage: dump.py validate DUMP_DIR")
+    print(json.dumps(validate(sys.argv[2])))

@@ -62,7 +62,7 @@ class RMSNorm(nn.Module):
 def rope(x, pos, theta):
     """NeoX rotate_half RoPE; x [R, heads, D], pos int [R]."""
     D = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
     ang = pos.to(torch.float32)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], -1)[:, None, :]
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
@@ -138,7 +138,7 @@ class Eagle3Train(nn.Module):
         T = ids.shape[0]
         R = T - 2
         rep = c.num_heads // c.num_kv_heads
-        rows = torch.arange(R)
+        rows = torch.arange(R, device=ids.device)
         scale = 1.0 / math.sqrt(c.head_dim)
         causal = rows[None, :] <= rows[:, None]                       # [R, R]
         g = self.fc(aux[:R])

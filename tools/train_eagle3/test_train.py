@@ -144,3 +144,12 @@ def test_vocab_map_refusals(tmp_path):
     save_file({"d2t": good, "t2d": bad}, p)
     with pytest.raises(ValueError):
         tr.load_vocab_map(p, 12)
+
+
+def test_dump_validate(runs, tmp_path):
+    import dump
+    syn, _, _ = runs
+    assert dump.validate(os.path.join(syn, "dump")) == {"samples": 24, "tokens": 24 * 48,
+                                                       "loss_tokens": 24 * 40}
+    with pytest.raises(FileNotFoundError):          # no manifest = unfinished
+        dump.DumpReader(str(tmp_path))

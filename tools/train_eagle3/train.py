@@ -135,20 +135,26 @@ def load_vocab_map(path, target_vocab):
 
 def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len):
     """Loss of one dump sample; returns (loss tensor or None, stats dict)."""
-    ids, mask = s["input_ids"][:max_len], s["loss_mask"][:max_len]
-    aux, fin = s["aux_hidden"][:max_len], s["final_hidden"][:max_len]
+    dev = lm_target.device
+    ids, mask = s["input_ids"][:max_len].to(dev), s["loss_mask"][:max_len].to(dev)
+    aux, fin = s["aux_hidden"][:max_len].to(dev), s["final_hidden"][:max_len].to(dev)
     T = ids.shape[0]
     if T < 3:
         return None, {}
-    used = torch.arange(d2t.shape[0]) + d2t
+    used = torch.arange(d2t.shape[0], device=dev) + d2t
     with torch.no_grad():
-        # full-vocabulary target argmax in t2d?  (chunked: [T, Vt] is big)
-        in_t2d = torch.empty(T, dtype=torch.bool)
+        # target logits over the full vocabulary, once per sample (every TTT
+        # step reads the same positions shifted): argmax-in-t2d mask, then the
+        # draft-vocabulary columns renormalised = the soft targets.
+        in_t2d = torch.empty(T, dtype=torch.bool, device=dev)
+        p_all = torch.empty(T, d2t.shape[0], device=dev)
         for c0 in range(0, T, 256):
-            in_t2d[c0:c0 + 256] = t2d[(fin[c0:c0 + 256] @ lm_target.T).argmax(-1)]
+            full = fin[c0:c0 + 256] @ lm_target.T                       # [<=256, Vt]
+            in_t2d[c0:c0 + 256] = t2d[full.argmax(-1)]
+            p_all[c0:c0 + 256] = torch.softmax(full[:, used], -1)
     hs = model.ttt_forward(aux, ids, ttt)
     R = T - 2
-    rows = torch.arange(R)
+    rows = torch.arange(R, device=dev)
     total, stats = None, {"rows": [], "loss": [], "acc": []}
     for j, h in enumerate(hs):
         pos_t = rows + 1 + j                 # target distribution position
@@ -161,8 +167,7 @@ def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len):
             stats["loss"].append(float("nan"))
             stats["acc"].append(float("nan"))
             continue
-        with torch.no_grad():
-            p = torch.softmax(fin[sel + 1 + j] @ lm_target[used].T, -1)   # [n, Vd]
+        p = p_all[sel + 1 + j]                                            # [n, Vd]
         logq = torch.log_softmax(model.logits(h[sel]), -1)
         l = -(p * logq).sum(-1).mean()
         total = l * decay ** j if total is None else total + l * decay ** j
@@ -197,7 +202,7 @@ def save_ckpt(run, state, keep=2):
 # ---------------------------------------------------------------- export ---
 
 def f32_to_bf16(t):
-    return t.detach().to(torch.float32).to(torch.bfloat16)
+    return t.detach().cpu().to(torch.float32).to(torch.bfloat16)
 
 
 def export_head(model, layer_cfg, d2t, t2d, out, card: dict, include_lm_head=True,
@@ -304,6 +309,7 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--export-dir")
     ap.add_argument("--export-only", action="store_true")
     ap.add_argument("--no-export-lm-head", action="store_true",
@@ -323,7 +329,7 @@ def main(argv=None):
         # the schedule; only --steps, --stop-after, --export-* and logging
         # options may change between sessions.
         keep = {"run", "steps", "stop_after", "export_dir", "export_only",
-                "no_export_lm_head", "threads", "log_every", "ckpt_every"}
+                "no_export_lm_head", "threads", "device", "log_every", "ckpt_every"}
         for k, v in ck["args"].items():
             if k not in keep:
                 setattr(a, k, v)
@@ -349,12 +355,15 @@ def main(argv=None):
         norm_before_residual=a.norm_before_residual)
     torch.manual_seed(a.seed)
     model = Eagle3Train(cfg, embed, lm_target[used].clone())
+    dev = torch.device(a.device)
+    model.to(dev)
+    lm_target, d2t_dev, t2d_dev = lm_target.to(dev), d2t.to(dev), t2d.to(dev)
     model.lm_head.weight.requires_grad_(not a.freeze_lm_head)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
     step, cursor, tokens_seen, wall = 0, 0, 0, 0.0
     if ck is not None:
-        model.load_state_dict(ck["model"], strict=False)
+        model.load_state_dict(ck["model"], strict=False)   # copies onto dev
         opt.load_state_dict(ck["opt"])
         step, cursor, tokens_seen, wall = ck["step"], ck["cursor"], ck["tokens_seen"], ck["wall"]
         torch.set_rng_state(ck["torch_rng"])
@@ -391,18 +400,17 @@ def main(argv=None):
             g["lr"] = lr_at(step, a)
         opt.zero_grad(set_to_none=True)
         got, agg = 0, {"rows": [0] * a.ttt, "loss": [0.0] * a.ttt, "acc": [0.0] * a.ttt}
-        losses = []
         while got < a.tokens_per_step:
             s = data.get(sample_at(cursor))
             cursor += 1
             T = min(a.max_len, s["input_ids"].shape[0])
             got += T
-            loss, st = sample_loss(model, s, d2t, t2d, lm_target, a.ttt, a.ttt_decay, a.max_len)
+            loss, st = sample_loss(model, s, d2t_dev, t2d_dev, lm_target, a.ttt, a.ttt_decay,
+                                   a.max_len)
             if loss is None:
                 continue
             # weight each sample by its tokens so the step averages per token
             (loss * T / a.tokens_per_step).backward()
-            losses.append(float(loss))
             for j in range(a.ttt):
                 r = st["rows"][j]
                 if r:
