@@ -59,11 +59,11 @@ SEL_SEED = 99
 # name -> make_random_head arguments
 HEADS = {
     "spec_s1": dict(layout="speculators", seed=1, rope_theta=100000.0, nbr=False,
-                    attention_bias=False, lm_head=True),
+                    attention_bias=False, lm_head=True, minimal=False),
     "eagle_s2": dict(layout="eagle", seed=2, rope_theta=None, nbr=True,
-                     attention_bias=True, lm_head=False),
+                     attention_bias=True, lm_head=False, minimal=False),
     "eagle_s3": dict(layout="eagle", seed=3, rope_theta=100000.0, nbr=False,
-                     attention_bias=False, lm_head=True),
+                     attention_bias=False, lm_head=True, minimal=True),
 }
 
 
@@ -76,6 +76,8 @@ def head_cli(a: dict, out: str) -> str:
         s += " --attention-bias"
     if not a["lm_head"]:
         s += " --no-lm-head"
+    if a.get("minimal"):
+        s += " --minimal-config"
     return s
 
 
@@ -156,7 +158,7 @@ def main():
     for name, h in HEADS.items():
         hdir = os.path.join(a.heads_dir, name)
         mrh.write_head(hdir, h["layout"], h["seed"], h["rope_theta"], h["nbr"],
-                       h["attention_bias"], h["lm_head"])
+                       h["attention_bias"], h["lm_head"], h["minimal"])
         head = ref.Eagle3Head.load(hdir, emb)
         o = ref.run_chain(head, feats, ids, K_STEPS)
         pre = summarise(o["prefill_logits"], o["prefill_h"], sel_fixed)
@@ -209,6 +211,10 @@ def main():
         meta["heads"][name] = entry
         print(f"{name}: top1 {entry['prefill_top1_draft_ids']} chain {o['draft_ids']}")
 
+    meta["refusal_heads"] = {
+        m: {"make_head": f"tools/eagle3/make_random_head.py --layout speculators --out DIR "
+                         f"--seed 1 --corrupt {m}", "defect": why}
+        for m, why in mrh.CORRUPTIONS.items()}
     with open(os.path.join(a.out, "draft_fixtures.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")

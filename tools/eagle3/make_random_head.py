@@ -41,7 +41,12 @@ fixed order of TENSOR_ORDER below (stable across numpy versions for
 
 Usage: make_random_head.py --layout {speculators,eagle} --out DIR --seed S
        [--rope-theta 100000|none] [--norm-before-residual]
-       [--attention-bias] [--no-lm-head]
+       [--attention-bias] [--no-lm-head] [--minimal-config]
+       [--corrupt no-d2t|absolute-d2t|out-of-range|not-increasing|
+                  t2d-mismatch|identity-zeros]
+--corrupt writes a head whose vocabulary map the C loader must refuse (each
+mode's defect is in CORRUPTIONS; identity-zeros is the valid all-zeros
+identity map, which must load).
 """
 
 import argparse
@@ -125,7 +130,8 @@ def llama_layer_config(rope_theta, attention_bias: bool) -> dict:
     return c
 
 
-def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool) -> dict:
+def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool,
+                minimal: bool = False) -> dict:
     lc = llama_layer_config(rope_theta, attention_bias)
     if layout == "speculators":
         return {
@@ -150,12 +156,55 @@ def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool) -> dic
     c = dict(lc)
     c["architectures"] = ["LlamaForCausalLMEagle3"]
     c["draft_vocab_size"] = DRAFT_VOCAB
-    c["target_hidden_size"] = H
     if nbr:
         c["norm_before_residual"] = True
-    c["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX_IDS,
-                         "use_aux_hidden_state": True}
+    if not minimal:   # minimal: only what every SpecForge config has
+        c["target_hidden_size"] = H
+        c["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX_IDS,
+                             "use_aux_hidden_state": True}
     return c
+
+
+CORRUPTIONS = {
+    # name: what the loader must refuse (REFERENCE.md section 2, issue 4)
+    "no-d2t": "d2t and t2d removed while draft vocab 32000 < target vocab 49152",
+    "absolute-d2t": "d2t holds absolute target ids instead of offsets",
+    "out-of-range": "last d2t entry maps past the target vocabulary",
+    "not-increasing": "two adjacent draft ids map to the same target id",
+    "t2d-mismatch": "t2d marks one target id that d2t never maps to (and misses one it does)",
+    "identity-zeros": "NOT a refusal: d2t all zeros and t2d = first 32000 ids (identity map)",
+}
+
+
+def corrupt(t: dict, mode: str):
+    """Apply one CORRUPTIONS mode to the tensors of make_tensors (in place)."""
+    d2t, t2d = t["d2t"], t["t2d"]
+    used = np.arange(DRAFT_VOCAB, dtype=np.int64) + d2t
+    if mode == "no-d2t":
+        del t["d2t"], t["t2d"]
+    elif mode == "absolute-d2t":
+        t["d2t"] = used.copy()
+    elif mode == "out-of-range":
+        d2t = d2t.copy()
+        d2t[-1] = TARGET_VOCAB - (DRAFT_VOCAB - 1)       # -> target id 49152
+        t["d2t"] = d2t
+    elif mode == "not-increasing":
+        d2t = d2t.copy()
+        i = DRAFT_VOCAB // 2
+        d2t[i + 1] = used[i] - (i + 1)                     # used[i+1] == used[i]
+        t["d2t"] = d2t
+    elif mode == "t2d-mismatch":
+        t2d = t2d.copy()
+        t2d[used[7]] = False
+        t2d[np.nonzero(~t["t2d"])[0][0]] = True
+        t["t2d"] = t2d
+    elif mode == "identity-zeros":
+        t["d2t"] = np.zeros(DRAFT_VOCAB, dtype=np.int64)
+        t2d = np.zeros(TARGET_VOCAB, dtype=bool)
+        t2d[:DRAFT_VOCAB] = True
+        t["t2d"] = t2d
+    else:
+        raise ValueError("unknown corruption " + mode)
 
 
 def make_tensors(rng, layout: str, attention_bias: bool, lm_head: bool) -> dict:
@@ -199,11 +248,14 @@ def make_tensors(rng, layout: str, attention_bias: bool, lm_head: bool) -> dict:
 
 def write_head(out: str, layout: str, seed: int, rope_theta=100000.0,
                nbr: bool = False, attention_bias: bool = False,
-               lm_head: bool = True) -> dict:
+               lm_head: bool = True, minimal: bool = False,
+               corruption: str | None = None) -> dict:
     """Write the head; returns the config dict."""
     os.makedirs(out, exist_ok=True)
     rng = np.random.Generator(np.random.PCG64(seed))
     tensors = make_tensors(rng, layout, attention_bias, lm_head)
+    if corruption:
+        corrupt(tensors, corruption)
     st = {}
     for name, a in tensors.items():
         if a.dtype == np.int64:
@@ -215,7 +267,7 @@ def write_head(out: str, layout: str, seed: int, rope_theta=100000.0,
     save_safetensors(os.path.join(out, "model.safetensors"), st,
                      {"format": "pt", "generator": "tools/eagle3/make_random_head.py",
                       "seed": str(seed), "layout": layout})
-    cfg = make_config(layout, rope_theta, nbr, attention_bias)
+    cfg = make_config(layout, rope_theta, nbr, attention_bias, minimal)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
@@ -232,10 +284,14 @@ def main():
     ap.add_argument("--norm-before-residual", action="store_true")
     ap.add_argument("--attention-bias", action="store_true")
     ap.add_argument("--no-lm-head", action="store_true")
+    ap.add_argument("--minimal-config", action="store_true",
+                    help="eagle layout: no target_hidden_size, no eagle_config (defaults apply)")
+    ap.add_argument("--corrupt", choices=sorted(CORRUPTIONS),
+                    help="write a deliberately broken vocabulary map (loader refusal tests)")
     a = ap.parse_args()
     theta = None if a.rope_theta.lower() == "none" else float(a.rope_theta)
     write_head(a.out, a.layout, a.seed, theta, a.norm_before_residual,
-               a.attention_bias, not a.no_lm_head)
+               a.attention_bias, not a.no_lm_head, a.minimal_config, a.corrupt)
     print(f"make_random_head: wrote {a.layout} head (seed {a.seed}) to {a.out}")
 
 
