@@ -13,6 +13,9 @@
  *   - the same with prefix caching on and shared prefixes (hits > 0);
  *   - the same with a KV pool too small for all of them (preemption and
  *     recompute).
+ *   - speculative decoding (k = 3, an oracle proposer drafting the reference
+ *     continuation with every third draft corrupted): verify batches of
+ *     k + 1 tokens per sequence must give the same greedy tokens.
  * After each scenario every KV block is free (stats snapshot).
  * Detokenization is not exercised here (a fake piece table; ignore_eos so
  * lengths are fixed): the token stream is what batch invariance is about.
@@ -28,6 +31,7 @@
 #include <cmocka.h>
 
 #include "engine/runtime/engine_ex.h"
+#include "engine/runtime/proposer.h"
 #include "fake_runner.h"
 
 #define NREQ 8
@@ -115,18 +119,63 @@ static int teardown(void **st) {
     return 0;
 }
 
-static engine *make_engine(int32_t n_blocks, int32_t budget, bool prefix) {
+/* ---- oracle proposer: drafts the reference continuation, every third draft
+ * (by a hash) corrupted, so verification accepts, rejects and corrects ---- */
+static int32_t or_tok[64][256], or_n[64];
+static int or_extend(void *ctx, int64_t id, const int32_t *t, int32_t n, int32_t pos0, const float *aux,
+                     specd_err *err) {
+    (void)ctx, (void)aux, (void)err;
+    for (int32_t i = 0; i < n && pos0 + i < 256; i++) or_tok[id % 64][pos0 + i] = t[i];
+    or_n[id % 64] = pos0 + n;
+    return 0;
+}
+static int or_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                      int32_t *out, float *q, specd_err *err) {
+    (void)ctx, (void)temps, (void)q, (void)err;
+    for (int32_t i = 0; i < n; i++) {
+        int64_t id = ids[i] % 64;
+        int best = -1;
+        for (int r = 0; r < NREQ; r++)
+            if (or_n[id] >= g_len[r] && memcmp(or_tok[id], g_prompts[r], (size_t)g_len[r] * sizeof(int32_t)) == 0 &&
+                (best < 0 || g_len[r] > g_len[best]))
+                best = r;
+        for (int32_t j = 0; j < k_max; j++) {
+            int32_t gi = best < 0 ? -1 : or_n[id] - g_len[best] + j;
+            int32_t d = j < k[i] && gi >= 0 && gi < MAX_NEW ? g_ref[best][gi] : -1;
+            if (d >= 0 && fake_mix((uint64_t)ids[i] * 7919u + (uint64_t)or_n[id] * 31u + (uint64_t)j) % 3 == 0)
+                d = (d + 1) % 49152;
+            out[i * k_max + j] = d;
+        }
+    }
+    return 0;
+}
+static void or_free(void *ctx, int64_t id) { (void)ctx, or_n[id % 64] = 0; }
+static void or_trunc(void *ctx, int64_t id, int32_t n) {
+    (void)ctx;
+    if (or_n[id % 64] > n) or_n[id % 64] = n;
+}
+static const spec_proposer_ops or_ops = {.extend = or_extend, .propose = or_propose, .truncate = or_trunc,
+                                         .free_seq = or_free};
+static spec_proposer g_oracle = {.ops = &or_ops, .ctx = NULL};
+
+static engine *make_engine_k(int32_t n_blocks, int32_t budget, bool prefix, int32_t k) {
     engine_runner r = {.ctx = g_model, .forward = real_forward, .vocab = model_get_config(g_model)->vocab,
                        .hidden = model_get_config(g_model)->hidden, .block_size = BS, .n_blocks = n_blocks};
     engine_detok d = fake_detok();
     d.n_eos = 0;
     engine_config cfg = {.max_model_len = 160, .max_num_seqs = 8, .max_num_batched_tokens = budget,
-                         .max_waiting = 64, .enable_prefix_caching = prefix};
+                         .max_waiting = 64, .enable_prefix_caching = prefix, .num_speculative_tokens = k};
     engine *e = NULL;
     specd_err err = {0};
     if (engine_create_ex(&cfg, &r, &d, g_model, NULL, &e, &err) != 0) fail_msg("%s", err.msg);
+    memset(or_n, 0, sizeof or_n);
+    if (k > 0 && engine_set_proposer(e, &g_oracle, &err) != 0) fail_msg("%s", err.msg);
     if (engine_start(e, &err) != 0) fail_msg("%s", err.msg);
     return e;
+}
+
+static engine *make_engine(int32_t n_blocks, int32_t budget, bool prefix) {
+    return make_engine_k(n_blocks, budget, prefix, 0);
 }
 
 static engine_stream *submit(engine *e, int r) {
@@ -176,12 +225,16 @@ static void test_single(void **state) {
     finish_engine(e, &st);
 }
 
-static void run_all(int32_t n_blocks, int32_t budget, bool prefix, engine_stats *st) {
-    engine *e = make_engine(n_blocks, budget, prefix);
+static void run_all_k(int32_t n_blocks, int32_t budget, bool prefix, int32_t k, engine_stats *st) {
+    engine *e = make_engine_k(n_blocks, budget, prefix, k);
     engine_stream *s[NREQ];
     for (int r = 0; r < NREQ; r++) s[r] = submit(e, r);
     for (int r = 0; r < NREQ; r++) expect_ref(s[r], r);
     finish_engine(e, st);
+}
+
+static void run_all(int32_t n_blocks, int32_t budget, bool prefix, engine_stats *st) {
+    run_all_k(n_blocks, budget, prefix, 0, st);
 }
 
 static void test_concurrent_chunked(void **state) {
@@ -208,12 +261,28 @@ static void test_preemption(void **state) {
     assert_true(st.preemptions_total > 0);
 }
 
+/* Speculative greedy (k = 3, oracle drafts with corruptions, chunked prefill,
+ * prefix caching on: speculating sequences take no hits) equals plain greedy. */
+static void test_speculative_lossless(void **state) {
+    (void)state;
+    engine_stats st;
+    run_all_k(160, 48, true, 3, &st);
+    printf("speculative k=3: drafts %lld, draft tokens %lld, accepted %lld, steps %lld for %lld tokens\n",
+           (long long)st.spec_num_drafts_total, (long long)st.spec_num_draft_tokens_total,
+           (long long)st.spec_num_accepted_tokens_total, (long long)st.steps_total,
+           (long long)st.generation_tokens_total);
+    assert_true(st.spec_num_accepted_tokens_total > 0);
+    assert_true(st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total);
+    assert_int_equal(st.generation_tokens_total, NREQ * MAX_NEW);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single),
         cmocka_unit_test(test_concurrent_chunked),
         cmocka_unit_test(test_concurrent_prefix_cache),
         cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_speculative_lossless),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
