@@ -239,7 +239,10 @@ static enum MHD_Result finish_json(http_req *r) {
     r->phase = PH_DONE;
     if (r->any_error) {
         oai_error e;
-        oai_error_set(&e, 500, NULL, "%s", r->error_msg);
+        /* aborted by the shutdown timeout: the client may retry elsewhere */
+        bool draining = atomic_load(&r->srv->state) == HTTP_DRAINING;
+        oai_error_set(&e, draining ? 503 : 500, NULL, "%s%s", r->error_msg,
+                      draining ? " (the server is shutting down)" : "");
         return http_send_error(r, &e);
     }
     /* echo: prepend the prompt text to every choice of its prompt */
