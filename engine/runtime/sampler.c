@@ -183,7 +183,8 @@ static float kth_largest(float *buf, int32_t n, int32_t k) {
     return buf[want];
 }
 
-/* Softmax of row into p over ids with finite logits (others 0). Double sums. */
+/* Softmax of row into p over ids with finite logits (others 0): one expf per
+ * id, the sum in double in id order, one scale. */
 static void softmax_row(const float *row, int32_t V, float *p) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < V; i++)
@@ -193,8 +194,20 @@ static void softmax_row(const float *row, int32_t V, float *p) {
         return;
     }
     double sum = 0.0;
-    for (int32_t i = 0; i < V; i++) sum += row[i] > -INFINITY ? exp((double)row[i] - mx) : 0.0;
-    for (int32_t i = 0; i < V; i++) p[i] = row[i] > -INFINITY ? (float)(exp((double)row[i] - mx) / sum) : 0.0f;
+    for (int32_t i = 0; i < V; i++) {
+        float e = row[i] > -INFINITY ? expf(row[i] - mx) : 0.0f;
+        p[i] = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t i = 0; i < V; i++) p[i] *= inv;
+}
+
+static int32_t amax_of(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
 }
 
 static int cmp_prob_desc(const void *a, const void *b) {
@@ -233,14 +246,40 @@ int32_t sampler_probs(sampler_work *w, const sampling_params *sp, const sampler_
     softmax_row(row, V, p);
 
     if (sp->top_p > 0.0f && sp->top_p < 1.0f) {
-        int32_t n = 0;
-        for (int32_t i = 0; i < V; i++)
-            if (p[i] > 0.0f) w->pairs[n++] = (sampler_pair){p[i], i};
-        qsort(w->pairs, (size_t)n, sizeof *w->pairs, cmp_prob_desc);
-        double before = 0.0;
-        int32_t keep = 0;
-        while (keep < n && (keep == 0 || before < (double)sp->top_p)) before += w->pairs[keep++].p;
-        for (int32_t r = keep; r < n; r++) row[w->pairs[r].id] = -INFINITY;
+        /* Only ids with p >= t can be kept once the mass of {p >= t} reaches
+         * top_p (the first id past that set has mass >= top_p before it), so
+         * sort just those; t is lowered until the set is big enough, and the
+         * full set is the fallback if rounding ever lets the walk run out. */
+        float pmax = p[amax_of(p, V)];
+        double t = (double)pmax * 1e-4;
+        for (;;) {
+            int32_t n = 0, n_pos = 0;
+            double mass = 0.0;
+            for (int32_t i = 0; i < V; i++) {
+                if (!(p[i] > 0.0f)) continue;
+                n_pos++;
+                if ((double)p[i] >= t) {
+                    w->pairs[n++] = (sampler_pair){p[i], i};
+                    mass += p[i];
+                }
+            }
+            if (mass < (double)sp->top_p && n < n_pos) {
+                t = t > 1e-30 ? t * 1e-3 : 0.0;
+                continue;
+            }
+            qsort(w->pairs, (size_t)n, sizeof *w->pairs, cmp_prob_desc);
+            double before = 0.0;
+            int32_t keep = 0;
+            while (keep < n && (keep == 0 || before < (double)sp->top_p)) before += w->pairs[keep++].p;
+            if (keep == n && before < (double)sp->top_p && n < n_pos) {
+                t = 0.0;
+                continue;
+            }
+            for (int32_t i = 0; i < V; i++)
+                if (p[i] > 0.0f && (double)p[i] < t) row[i] = -INFINITY;
+            for (int32_t r = keep; r < n; r++) row[w->pairs[r].id] = -INFINITY;
+            break;
+        }
         softmax_row(row, V, p);
     }
     if (sp->min_p > 0.0f) {
