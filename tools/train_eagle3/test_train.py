@@ -153,3 +153,41 @@ def test_dump_validate(runs, tmp_path):
                                                        "loss_tokens": 24 * 40}
     with pytest.raises(FileNotFoundError):          # no manifest = unfinished
         dump.DumpReader(str(tmp_path))
+
+
+def test_tau_estimate_equals_greedy_chain(runs):
+    """The trainer's acceptance-length estimate equals real greedy chain
+    decoding (tools/eagle3/reference.py) on data that is greedy w.r.t. the
+    target (ids[t+1] = argmax of the target at t)."""
+    syn, a, _ = runs
+    embed = np.load(os.path.join(syn, "embed.npy"))
+    head = ref.Eagle3Head.load(os.path.join(a, "export"), embed)
+    ck = torch.load(os.path.join(a, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    model = Eagle3Train(DraftConfig(**ck["cfg"]), torch.from_numpy(embed), None)
+    model.load_state_dict({k: v.to(torch.bfloat16).to(torch.float32) for k, v in ck["model"].items()},
+                          strict=False)
+    d2t, t2d = tr.load_vocab_map(os.path.join(syn, "vocab_map.safetensors"), msd.VT)
+    T, K = 28, 3
+    s = DumpReader(os.path.join(syn, "dump")).get(5)
+    s = {k: v[:T] for k, v in s.items()}
+    fa = (s["final_hidden"] @ torch.from_numpy(embed).T).argmax(-1)
+    ids = s["input_ids"].clone()
+    ids[1:] = fa[:-1]
+    s["input_ids"] = ids
+    with torch.no_grad():
+        _, st = tr.sample_loss(model, s, d2t, t2d, torch.from_numpy(embed), K, 1.0, T, measure=True)
+    mask = s["loss_mask"]
+    rows = acc = 0
+    for t in range(T - 2):
+        if not mask[t + 2]:
+            continue
+        rows += 1
+        o = ref.run_chain(head, s["aux_hidden"][: t + 2].numpy(), ids[: t + 2].numpy(), K - 1)
+        for j in range(K):
+            if t + 2 + j > T - 1 or not mask[t + 2 + j] or o["target_ids"][j] != int(fa[t + 1 + j]):
+                break
+            acc += 1
+    print("tau rows", rows, "accepted", acc, "estimate", st["tau_sum"] - st["tau_rows"])
+    assert acc > 0
+    assert st["tau_rows"] == rows
+    assert abs(st["tau_sum"] - (rows + acc)) <= 1     # an f32/f64 argmax near-tie at most

@@ -133,8 +133,15 @@ def load_vocab_map(path, target_vocab):
 
 # ------------------------------------------------------------------ loss ---
 
-def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len):
-    """Loss of one dump sample; returns (loss tensor or None, stats dict)."""
+def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len, measure=False):
+    """Loss of one dump sample; returns (loss tensor or None, stats dict).
+
+    measure: also estimate the greedy acceptance length over the sample's
+    response rows (stats tau_rows, tau_sum): chain step j of row t counts
+    as accepted iff steps 0..j all proposed the target's argmax (a target
+    argmax outside t2d is a rejection).  Conditional on the earlier steps
+    being right, the teacher-forced token equals what serving would feed
+    (for greedy self-distilled data), so this is k=ttt acceptance length."""
     dev = lm_target.device
     ids, mask = s["input_ids"][:max_len].to(dev), s["loss_mask"][:max_len].to(dev)
     aux, fin = s["aux_hidden"][:max_len].to(dev), s["final_hidden"][:max_len].to(dev)
@@ -147,10 +154,12 @@ def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len):
         # step reads the same positions shifted): argmax-in-t2d mask, then the
         # draft-vocabulary columns renormalised = the soft targets.
         in_t2d = torch.empty(T, dtype=torch.bool, device=dev)
+        full_arg = torch.empty(T, dtype=torch.int64, device=dev)
         p_all = torch.empty(T, d2t.shape[0], device=dev)
         for c0 in range(0, T, 256):
             full = fin[c0:c0 + 256] @ lm_target.T                       # [<=256, Vt]
-            in_t2d[c0:c0 + 256] = t2d[full.argmax(-1)]
+            full_arg[c0:c0 + 256] = full.argmax(-1)
+            in_t2d[c0:c0 + 256] = t2d[full_arg[c0:c0 + 256]]
             p_all[c0:c0 + 256] = torch.softmax(full[:, used], -1)
     hs = model.ttt_forward(aux, ids, ttt)
     R = T - 2
@@ -174,6 +183,19 @@ def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len):
         stats["rows"].append(int(sel.numel()))
         stats["loss"].append(float(l.detach()))
         stats["acc"].append(float((logq.argmax(-1) == p.argmax(-1)).float().mean()))
+    if measure:
+        with torch.no_grad():
+            base = rows[(rows + 2 <= T - 1) & mask[(rows + 2).clamp(max=T - 1)]]
+            cum = torch.ones(base.numel(), dtype=torch.bool, device=dev)
+            accepted = 0
+            for j, h in enumerate(hs):
+                nxt = (base + 2 + j).clamp(max=T - 1)
+                valid = (base + 2 + j <= T - 1) & mask[nxt]
+                pred = used[model.logits(h[base]).argmax(-1)]
+                cum &= valid & (pred == full_arg[(base + 1 + j).clamp(max=T - 1)])
+                accepted += int(cum.sum())
+        stats["tau_rows"] = int(base.numel())
+        stats["tau_sum"] = int(base.numel()) + accepted
     return total, stats
 
 
@@ -264,6 +286,7 @@ def model_card(card):
     for k in ("dump", "samples", "tokens", "loss_tokens", "steps", "tokens_seen", "wall_time_s",
               "ttt", "ttt_decay", "lr", "min_lr_ratio", "warmup", "weight_decay", "grad_clip",
               "tokens_per_step", "max_len", "freeze_lm_head", "seed", "final_loss", "final_acc",
+              "final_tau_est_train",
               "command"):
         if k in card:
             lines.append(f"| {k} | {card[k]} |")
@@ -400,13 +423,17 @@ def main(argv=None):
             g["lr"] = lr_at(step, a)
         opt.zero_grad(set_to_none=True)
         got, agg = 0, {"rows": [0] * a.ttt, "loss": [0.0] * a.ttt, "acc": [0.0] * a.ttt}
+        measure = (step + 1) % a.log_every == 0 or step == 0
+        tau_rows = tau_sum = 0
         while got < a.tokens_per_step:
             s = data.get(sample_at(cursor))
             cursor += 1
             T = min(a.max_len, s["input_ids"].shape[0])
             got += T
             loss, st = sample_loss(model, s, d2t_dev, t2d_dev, lm_target, a.ttt, a.ttt_decay,
-                                   a.max_len)
+                                   a.max_len, measure)
+            tau_rows += st.get("tau_rows", 0)
+            tau_sum += st.get("tau_sum", 0)
             if loss is None:
                 continue
             # weight each sample by its tokens so the step averages per token
@@ -426,11 +453,14 @@ def main(argv=None):
                 "loss": [agg["loss"][j] / agg["rows"][j] if agg["rows"][j] else None for j in range(a.ttt)],
                 "acc": [agg["acc"][j] / agg["rows"][j] if agg["rows"][j] else None for j in range(a.ttt)],
                 "rows": agg["rows"], "tokens": got, "wall": round(wall, 2)}
+        if tau_rows:
+            last["tau_est"] = tau_sum / tau_rows
         log.write(json.dumps(last) + "\n")
         log.flush()
         if step % a.log_every == 0 or step == 1:
             print(f"step {step} lr {last['lr']:.2e} loss {[round(x, 4) if x is not None else None for x in last['loss']]}"
                   f" acc {[round(x, 3) if x is not None else None for x in last['acc']]} gn {gn:.2f}"
+                  f" tau_est {last.get('tau_est', float('nan')):.3f}"
                   f" {got / max(1e-9, time.time() - t0):.0f} tok/s", flush=True)
         if step % a.ckpt_every == 0 or step == a.steps:
             save_ckpt(a.run, state())
@@ -442,6 +472,8 @@ def main(argv=None):
     if last:
         card["final_loss"] = last["loss"]
         card["final_acc"] = last["acc"]
+        if "tau_est" in last:
+            card["final_tau_est_train"] = round(last["tau_est"], 3)
     aux_ids = man.get("aux_layer_ids")
     if aux_ids and man.get("aux_layer_convention", "input") == "output":
         aux_ids = [i + 1 for i in aux_ids]   # speculators ids are "input to layer i"
