@@ -17,8 +17,10 @@
  *           batched over sequences).
  * Draft KV positions >= the last real pair + 1 hold speculative entries of
  * the last chain; they are overwritten by real pairs as they arrive.
- * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose); n_kv <= n_feat <= n_tok; the block
- * table covers every position written.
+ * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose);
+ * n_kv <= n_feat <= n_tok; the block table covers every position written.
+ * A truncate to n <= n_kv drops the window (n_kv = n - 1, n_feat = n_kv):
+ * the engine re-sends features from n - 1 (eagle3.h).
  * Threading: engine thread only.
  */
 #include <math.h>
