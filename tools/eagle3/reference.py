@@ -236,6 +236,13 @@ class DraftCache:
         self.v = None    # [S, n_kv, D]
         self.pos = None  # [S] int64
 
+    def truncate(self, n_pos: int):
+        """Drop every entry at position >= n_pos (rollback of rejected
+        draft positions before "draft extend" rewrites them)."""
+        if self.k is not None:
+            keep = self.pos < n_pos
+            self.k, self.v, self.pos = self.k[keep], self.v[keep], self.pos[keep]
+
     def append(self, k, v, pos):
         if self.k is None:
             self.k, self.v, self.pos = k, v, pos.clone()
