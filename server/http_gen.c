@@ -142,7 +142,13 @@ static int submit_all(http_req *r, oai_error *e) {
             c->index = (int32_t)idx;
             c->n_prompt_tokens = (int32_t)q->prompts[p].n_ids;
             c->stop_token_id = -1;
-            if (max_tokens[p] == 0) { /* echo only (max_tokens 0 with echo) */
+            bool want_plp = q->echo && q->logprobs >= 0;
+            if (want_plp) {
+                c->echo_ids = q->prompts[p].ids;
+                c->n_echo_ids = q->prompts[p].n_ids;
+            }
+            if (max_tokens[p] == 0 && !(want_plp && q->prompts[p].n_ids > 1)) {
+                /* echo only (max_tokens 0 with echo): nothing to run */
                 r->done[idx] = true;
                 r->n_done++;
                 c->finish = FINISH_LENGTH;
@@ -153,6 +159,11 @@ static int submit_all(http_req *r, oai_error *e) {
             er.n_prompt = q->prompts[p].n_ids;
             er.sp = q->sp;
             er.sp.max_tokens = max_tokens[p];
+            er.prompt_logprobs = want_plp;
+            if (max_tokens[p] == 0) { /* echo + logprobs with max_tokens 0: one token for the prompt logprobs */
+                er.sp.max_tokens = 1;
+                c->discard_generated = true;
+            }
             if (er.sp.has_seed) er.sp.seed = q->sp.seed + (uint64_t)i;
             char rid[64];
             snprintf(rid, sizeof rid, "%s-%zu", r->id, idx);
@@ -189,7 +200,7 @@ static int pump(http_req *r) {
             if (o->finish != FINISH_NONE) {
                 r->done[i] = true;
                 r->n_done++;
-                r->completion_tokens_total += o->n_completion_tokens;
+                if (!c->discard_generated) r->completion_tokens_total += o->n_completion_tokens;
                 if (o->finish == FINISH_ERROR || o->finish == FINISH_ABORT) {
                     r->any_error = true;
                     snprintf(r->error_msg, sizeof r->error_msg, "%s",

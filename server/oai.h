@@ -15,6 +15,8 @@
  *  - max_tokens absent or null -> the remaining context (max_model_len - prompt).
  *  - max_tokens 0 is accepted only with echo (completions): the response is the
  *    echoed prompt, finish_reason "length", completion_tokens 0 (vLLM's choice).
+ *  - echo + logprobs: logprobs cover the prompt tokens (the first one null, as
+ *    vLLM) then the generated ones; not with stream (400).
  *  - max_completion_tokens wins over max_tokens when both are given.
  *  - prompt/ids/messages that are empty, stop strings that are empty, n = 0,
  *    temperature < 0, top_p outside (0, 1], logprobs above OAI_MAX_LOGPROBS
@@ -131,6 +133,13 @@ typedef struct oai_choice {
     char stop_reason[64];
     int32_t stop_token_id;
     int32_t n_prompt_tokens, n_completion_tokens, n_cached_tokens;
+    /* echo + logprobs (completions): the prompt ids (borrowed, set by the
+     * caller) and the engine's prompt logprobs (entry i is token i+1's) */
+    const int32_t *echo_ids; size_t n_echo_ids;
+    token_logprob *prompt_lps; size_t n_prompt_lps;
+    /* echo with max_tokens 0 but logprobs: the engine ran one token for the
+     * prompt logprobs; that token is not part of the answer */
+    bool discard_generated;
 } oai_choice;
 
 /* Appends one engine delta to C (text, ids and logprobs if any); copies the

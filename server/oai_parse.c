@@ -490,8 +490,8 @@ static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *
         }
         json_t *suffix = field(root, "suffix");
         if (suffix) return oai_error_set(err, 400, "suffix", "'suffix' is not supported");
-        if (r->echo && r->logprobs >= 0)
-            return oai_error_set(err, 400, "logprobs", "'echo' together with 'logprobs' is not supported yet");
+        if (r->echo && r->logprobs >= 0 && r->stream)
+            return oai_error_set(err, 400, "logprobs", "'echo' with 'logprobs' is not supported when streaming");
         if (r->has_max_tokens && r->max_tokens == 0 && !r->echo)
             return oai_error_set(err, 400, "max_tokens", "'max_tokens' must be at least 1 (0 is only allowed with echo)");
     } else {

@@ -37,6 +37,18 @@ const char *oai_finish_str(finish_reason f) {
 
 /* ==== accumulation ==== */
 int oai_choice_add(oai_choice *c, const engine_output *o) {
+    if (o->prompt_logprobs && o->n_prompt_logprobs && !c->prompt_lps) {
+        c->prompt_lps = malloc(o->n_prompt_logprobs * sizeof *c->prompt_lps);
+        if (!c->prompt_lps) return -1;
+        memcpy(c->prompt_lps, o->prompt_logprobs, o->n_prompt_logprobs * sizeof *c->prompt_lps);
+        c->n_prompt_lps = o->n_prompt_logprobs;
+    }
+    if (c->discard_generated) {
+        if (o->finish != FINISH_NONE) c->finish = o->finish == FINISH_ERROR ? FINISH_ERROR : FINISH_LENGTH;
+        c->n_prompt_tokens = o->n_prompt_tokens;
+        c->n_completion_tokens = 0;
+        return 0;
+    }
     if (o->text_len) {
         if (c->text_len + o->text_len + 1 > c->text_cap) {
             size_t cap = c->text_cap ? c->text_cap : 256;
@@ -78,6 +90,7 @@ int oai_choice_add(oai_choice *c, const engine_output *o) {
 
 void oai_choice_free(oai_choice *c) {
     if (!c) return;
+    free(c->prompt_lps);
     free(c->text);
     free(c->lps);
     free(c->ids);
@@ -120,20 +133,46 @@ static json_t *bytes_json(const oai_resp_ctx *rc, int32_t id) {
 
 /* Completions logprobs object for N tokens. TEXT_OFFSET0: offset of the
  * first token's text in the choice's text so far. */
+static json_t *completion_logprobs_echo(const oai_resp_ctx *rc, const int32_t *echo_ids, size_t n_echo,
+                                        const token_logprob *prompt_lps, size_t n_prompt_lps, const int32_t *ids,
+                                        const token_logprob *lps, size_t n, size_t text_offset0);
+
 static json_t *completion_logprobs(const oai_resp_ctx *rc, const int32_t *ids, const token_logprob *lps, size_t n,
                                    size_t text_offset0) {
+    return completion_logprobs_echo(rc, NULL, 0, NULL, 0, ids, lps, n, text_offset0);
+}
+
+static json_t *top_dict(const oai_resp_ctx *rc, const token_logprob *lp) {
+    json_t *d = json_object();
+    for (int32_t k = 0; k < lp->n_top && k < 20; k++) {
+        json_t *t = token_json(rc, lp->top_ids[k]);
+        json_object_set_new(d, json_string_value(t), jlogprob(lp->top_logprobs[k]));
+        json_decref(t);
+    }
+    return d;
+}
+
+/* Completions logprobs: the echoed prompt tokens first (the first has no
+ * logprob: null, as vLLM; token i >= 1 takes prompt_lps[i-1]), then the
+ * generated tokens. text_offset counts bytes from the start of the text. */
+static json_t *completion_logprobs_echo(const oai_resp_ctx *rc, const int32_t *echo_ids, size_t n_echo,
+                                        const token_logprob *prompt_lps, size_t n_prompt_lps, const int32_t *ids,
+                                        const token_logprob *lps, size_t n, size_t text_offset0) {
     json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
     size_t offset = text_offset0;
+    for (size_t i = 0; i < n_echo; i++) {
+        json_array_append_new(tokens, token_json(rc, echo_ids[i]));
+        bool have = i >= 1 && i - 1 < n_prompt_lps;
+        json_array_append_new(tlp, have ? jlogprob(prompt_lps[i - 1].logprob) : json_null());
+        json_array_append_new(top, have ? top_dict(rc, &prompt_lps[i - 1]) : json_null());
+        json_array_append_new(off, json_integer((json_int_t)offset));
+        size_t len = 0;
+        if (rc->token_bytes && rc->token_bytes(rc->token_ctx, echo_ids[i], &len)) offset += len;
+    }
     for (size_t i = 0; i < n; i++) {
         json_array_append_new(tokens, token_json(rc, ids[i]));
         json_array_append_new(tlp, jlogprob(lps[i].logprob));
-        json_t *d = json_object();
-        for (int32_t k = 0; k < lps[i].n_top && k < 20; k++) {
-            json_t *t = token_json(rc, lps[i].top_ids[k]);
-            json_object_set_new(d, json_string_value(t), jlogprob(lps[i].top_logprobs[k]));
-            json_decref(t);
-        }
-        json_array_append_new(top, d);
+        json_array_append_new(top, top_dict(rc, &lps[i]));
         json_array_append_new(off, json_integer((json_int_t)offset));
         size_t len = 0;
         if (rc->token_bytes && rc->token_bytes(rc->token_ctx, ids[i], &len)) offset += len;
@@ -214,7 +253,10 @@ char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_
     for (size_t i = 0; i < n_choices; i++) {
         const oai_choice *c = &choices[i];
         completion += c->n_completion_tokens;
-        json_t *lp = logprobs_json(rc, c->ids, c->lps, c->n_lps, 0);
+        json_t *lp = (rc->kind == OAI_COMPLETION && rc->logprobs >= 0 && c->echo_ids)
+                         ? completion_logprobs_echo(rc, c->echo_ids, c->n_echo_ids, c->prompt_lps, c->n_prompt_lps,
+                                                    c->ids, c->lps, c->n_lps, 0)
+                         : logprobs_json(rc, c->ids, c->lps, c->n_lps, 0);
         json_t *ch;
         if (rc->kind == OAI_CHAT) {
             json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));

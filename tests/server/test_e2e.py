@@ -418,6 +418,31 @@ def test_echo_and_missing_max_tokens(srv):
     assert st == 200 and out["choices"][0]["text"].startswith("Echo")
 
 
+def test_echo_logprobs(srv):
+    c = srv.client()
+    gen = c.completions.create(model=NAME, prompt="The capital of France is", max_tokens=1, temperature=0,
+                               logprobs=2)
+    word = gen.choices[0].text
+    gen_lp = gen.choices[0].logprobs.token_logprobs[0]
+    prompt = "The capital of France is" + word
+    n_prompt = tokenize_count(srv, {"prompt": prompt})["count"]
+    r = c.completions.create(model=NAME, prompt=prompt, max_tokens=2, temperature=0, logprobs=2, echo=True)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(prompt)
+    assert len(lp.tokens) == n_prompt + r.usage.completion_tokens
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    # the prompt's last token, scored in prefill, has the logprob it had when it was generated in decode
+    if tokenize_count(srv, {"prompt": "The capital of France is"})["count"] == n_prompt - 1:
+        assert abs(lp.token_logprobs[n_prompt - 1] - gen_lp) < 1e-3, (lp.token_logprobs[n_prompt - 1], gen_lp)
+    # echo + logprobs with max_tokens 0: prompt logprobs only
+    z = c.completions.create(model=NAME, prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    assert z.choices[0].text == prompt and z.usage.completion_tokens == 0
+    assert len(z.choices[0].logprobs.tokens) == n_prompt
+    assert z.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n_prompt], abs=1e-4)
+
+
 def test_tokenize_roundtrip(srv):
     tok = tokenize_count(srv, {"prompt": "Hello world 123"})
     assert tok["max_model_len"] == MAX_LEN

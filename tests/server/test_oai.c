@@ -70,6 +70,8 @@ static const bad_case BAD[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", "stream_options",
      "only allowed with stream=true"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": 1}", "echo", "must be a boolean"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1, \"stream\": true}", "logprobs",
+     "not supported when streaming"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 3}", "presence_penalty", "[-2, 2]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"repetition_penalty\": 0}", "repetition_penalty", "(0,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 5, \"max_tokens\": 2}", "min_tokens", "must not exceed"},
@@ -410,6 +412,37 @@ static void test_response_shapes(void **state) {
     oai_choice_free(&ch[1]);
 }
 
+static void test_echo_logprobs_shape(void **state) {
+    (void)state;
+    /* prompt [0, 1] ("Hel" "lo") echoed, then generated [3] ("!"): the first prompt token has null logprobs */
+    token_logprob plp = {.id = 1, .logprob = -2.0f, .n_top = 1, .top_ids = {1}, .top_logprobs = {-2.0f}};
+    token_logprob glp = {.id = 3, .logprob = -0.5f, .n_top = 1, .top_ids = {3}, .top_logprobs = {-0.5f}};
+    int32_t gen_id = 3;
+    engine_output o = {.token_ids = &gen_id, .n_tokens = 1, .logprobs = &glp, .text = "!", .text_len = 1,
+                       .finish = FINISH_LENGTH, .stop_token_id = -1, .n_prompt_tokens = 2,
+                       .n_completion_tokens = 1, .prompt_logprobs = &plp, .n_prompt_logprobs = 1};
+    int32_t prompt[2] = {0, 1};
+    oai_choice c;
+    memset(&c, 0, sizeof c);
+    c.echo_ids = prompt;
+    c.n_echo_ids = 2;
+    assert_int_equal(oai_choice_add(&c, &o), 0);
+    /* the server prepends the echo text itself */
+    free(c.text);
+    c.text = strdup("Hello!");
+    c.text_len = 6;
+    oai_resp_ctx rc = {.kind = OAI_COMPLETION, .id = "c", .created = 1, .model = "m", .logprobs = 1,
+                       .token_bytes = fake_tok};
+    char *j = oai_response_json(&rc, &c, 1, 2, NULL);
+    assert_string_equal(j, "{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"choices\":[{"
+                           "\"index\":0,\"text\":\"Hello!\",\"logprobs\":{\"tokens\":[\"Hel\",\"lo\",\"!\"],"
+                           "\"token_logprobs\":[null,-2.0,-0.5],\"top_logprobs\":[null,{\"lo\":-2.0},{\"!\":-0.5}],"
+                           "\"text_offset\":[0,3,5]},\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
+                           "\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}");
+    free(j);
+    oai_choice_free(&c);
+}
+
 static void test_sse_frames(void **state) {
     (void)state;
     oai_resp_ctx rc = {.kind = OAI_CHAT, .id = "c", .created = 1, .model = "m", .logprobs = -1};
@@ -479,7 +512,7 @@ int main(void) {
         cmocka_unit_test(test_chat_good),         cmocka_unit_test(test_resolve_max_tokens),
         cmocka_unit_test(test_check_ids),         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_response_shapes),   cmocka_unit_test(test_sse_frames),
-        cmocka_unit_test(test_logprobs_shapes),
+        cmocka_unit_test(test_logprobs_shapes),   cmocka_unit_test(test_echo_logprobs_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
