@@ -51,6 +51,16 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* f32 -> nearest bf16 (ties to even), returned as f32. |q * scale| with q in
+ * [-8, 7] and a bf16 scale is exact in f32, so this is the one rounding. */
+static inline float f32_round_bf16(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &b, 4);
+    return x;
+}
+
 /* Dequantizes one row of any format to f32 (reference path, embed, tests). */
 void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
     const uint8_t *p = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
@@ -88,13 +98,15 @@ void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
         break;
     case BK_W_I4G32: {
         /* int32 word j holds 8 signed 4-bit values for columns 8j..8j+7, lowest nibble first,
-         * stored offset by +8 (compressed-tensors pack_to_int32 of value+8). */
+         * stored offset by +8 (compressed-tensors pack_to_int32 of value+8). The value is
+         * bf16(q * scale): compressed-tensors multiplies in the scale's dtype (bf16), so the
+         * exact f32 product is rounded to bf16, nearest-even (docs/kimi-k2.5.md, int4). */
         const uint8_t *sc = (const uint8_t *)w->scales + (size_t)row * (size_t)(n / 32) * 2;
         for (int64_t j = 0; j < n / 8; j++) {
             uint32_t word; memcpy(&word, p + 4 * j, 4);
             uint16_t s16; memcpy(&s16, sc + 2 * ((8 * j) / 32), 2);
             float s = bf16_to_f32(s16);
-            for (int i = 0; i < 8; i++) out[8 * j + i] = s * (float)((int)((word >> (4 * i)) & 0xf) - 8);
+            for (int i = 0; i < 8; i++) out[8 * j + i] = f32_round_bf16(s * (float)((int)((word >> (4 * i)) & 0xf) - 8));
         }
         break;
     }

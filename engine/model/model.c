@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/model/hf_config.h"
 #include "engine/model/model_internal.h"
 #include "engine/util/log.h"
 
@@ -30,8 +31,9 @@ float *model_workspace(model *m, size_t n) {
 
 bk_kv_layer model_kv_layer(model *m, int32_t l) {
     bk_kv_layer kv = {
-        .k = m->kv + (size_t)l * 2 * m->kv_layer_elems,
-        .v = m->kv + ((size_t)l * 2 + 1) * m->kv_layer_elems,
+        .k = m->kv + (size_t)l * m->kv_planes * m->kv_layer_elems,
+        .v = m->kv_planes == 1 ? m->kv + (size_t)l * m->kv_layer_elems
+                               : m->kv + ((size_t)l * 2 + 1) * m->kv_layer_elems,
         .block_size = m->block_size,
         .n_kv_heads = m->cfg.n_kv_heads,
         .head_dim = m->cfg.head_dim,
@@ -41,7 +43,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
 }
 
 int64_t model_kv_bytes_per_token(const model *m) {
-    return (int64_t)m->cfg.n_layers * 2 * m->cfg.n_kv_heads * m->cfg.head_dim * (int64_t)sizeof(float);
+    return (int64_t)m->cfg.n_layers * m->kv_planes * m->cfg.n_kv_heads * m->cfg.head_dim * (int64_t)sizeof(float);
 }
 
 static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
@@ -57,7 +59,7 @@ static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
     if (nb > (1 << 24)) nb = 1 << 24;
     m->n_blocks = (int32_t)nb;
     m->kv_layer_elems = (size_t)nb * m->block_size * m->cfg.n_kv_heads * m->cfg.head_dim;
-    m->kv = calloc(m->kv_layer_elems * 2 * (size_t)m->cfg.n_layers, sizeof(float));
+    m->kv = calloc(m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers, sizeof(float));
     if (!m->kv) return specd_err_set(err, "cannot allocate %lld bytes of KV cache", (long long)(nb * per_block));
     return 0;
 }
@@ -66,13 +68,22 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0) return specd_err_set(err, "%s: no such file or directory", path);
-    if (S_ISDIR(st.st_mode))
-        return specd_err_set(err, "%s: Hugging Face directories are not supported for llama targets yet; pass a .gguf file",
-                             path);
     model *m = calloc(1, sizeof *m);
     if (!m) return specd_err_set(err, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", path);
     m->be = be;
+    m->kv_planes = 2;
+    if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
+        hf_config hc;
+        if (hf_config_load(path, &hc, err) < 0) goto fail;
+        if (hc.arch != MODEL_ARCH_DEEPSEEK_V3) {
+            specd_err_set(err, "Hugging Face directories are supported for DeepSeek-V3 / Kimi targets only; "
+                               "pass a .gguf file for llama");
+            goto fail;
+        }
+        if (dsv3_load(m, &hc, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
+        goto loaded;
+    }
     if (gguf_open(path, &m->gguf, err) < 0) goto fail;
     if (llama_load_gguf(m, err) < 0) goto fail;
     const int32_t hd = m->cfg.head_dim;
@@ -81,6 +92,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     for (int32_t i = 0; i < hd / 2; i++) /* RoPE frequencies (Su et al. 2021): theta^(-2i/d) */
         m->inv_freq[i] = (float)(1.0 / pow((double)m->cfg.rope_theta, (double)(2 * i) / hd));
     if (model_alloc_kv(m, opts, err) < 0) goto fail;
+loaded:
     LOG_INFO("model %s: %s, %d layers, hidden %d, heads %d/%d, vocab %d, KV %d blocks x %d tokens (%.1f MiB)", path,
              m->cfg.name, m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.vocab, m->n_blocks,
              m->block_size, (double)model_kv_bytes_per_token(m) * m->block_size * m->n_blocks / (1 << 20));
@@ -100,6 +112,7 @@ void model_destroy(model *m) {
     free(m->inv_freq);
     free(m->kv);
     free(m->ws);
+    dsv3_free(m->ds);
     gguf_close(m->gguf);
     free(m);
 }
@@ -114,7 +127,7 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
     }
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_idx[i] < 0 || b->out_idx[i] >= b->n_tokens) return specd_err_set(err, "bad out_idx");
-    return llama_forward(m, b, err);
+    return m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_forward(m, b, err) : llama_forward(m, b, err);
 }
 
 int model_finish_outputs(model *m, const model_batch *b, const float *x, specd_err *err) {
