@@ -150,8 +150,11 @@ static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
  * for sequences that produced one. Sequences whose blocks cannot be covered
  * are skipped (ok 0). Afterwards n_kv = last pair (kept for recomputation). */
 static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8_t *ok, specd_err *err) {
-    const int32_t H = P->H, fw = P->featw, maxr = P->opts.max_rows;
+    const int32_t H = P->H, fw = P->featw;
     const size_t mm = (size_t)(m > 0 ? m : 1);
+    int64_t pending = 0; /* size the buffers by the rows there are, at most max_rows */
+    for (int32_t k = 0; k < m; k++) pending += seq_last_pair(S[k]) >= S[k]->n_kv ? seq_last_pair(S[k]) - S[k]->n_kv + 1 : 0;
+    const int32_t maxr = (int32_t)(pending < P->opts.max_rows ? (pending > 0 ? pending : 1) : P->opts.max_rows);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)maxr * 3), *bt_seq = malloc(sizeof(int32_t) * mm);
     const int32_t **bt = malloc(sizeof(int32_t *) * mm);
     uint8_t *ran = calloc(mm, 1);
