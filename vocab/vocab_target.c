@@ -92,6 +92,7 @@ void vocab_token_display(const tokenizer *tok, int64_t id, char *buf, size_t cap
         if (c == '\n') o += (size_t)snprintf(buf + o, cap - o, "\\n");
         else if (c == '\t') o += (size_t)snprintf(buf + o, cap - o, "\\t");
         else if (c == '\\') o += (size_t)snprintf(buf + o, cap - o, "\\\\");
+        else if (c == '"') o += (size_t)snprintf(buf + o, cap - o, "\\\"");
         else if (c >= 0x20 && c < 0x7f) buf[o++] = (char)c;
         else if (c >= 0x80) buf[o++] = (char)c; /* UTF-8 passes through */
         else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);

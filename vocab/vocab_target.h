@@ -35,8 +35,9 @@ void vocab_target_close(vocab_target *t); /* NULL ok */
  * count. */
 size_t vocab_target_structural_ids(const vocab_target *t, int64_t *ids, size_t cap);
 
-/* Token text for display: printable ASCII kept, everything else escaped
- * (\n, \t, \xNN), truncated to fit BUF. Unknown id -> "<?>". */
+/* Token text for display inside double quotes: printable ASCII and UTF-8
+ * bytes kept, '"' and '\\' backslash-escaped, control bytes as \n, \t, \xNN;
+ * truncated to fit CAP bytes. Unknown id -> "<?>". */
 void vocab_token_display(const tokenizer *tok, int64_t id, char *buf, size_t cap);
 
 #endif
