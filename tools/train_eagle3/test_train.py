@@ -191,3 +191,32 @@ def test_tau_estimate_equals_greedy_chain(runs):
     assert acc > 0
     assert st["tau_rows"] == rows
     assert abs(st["tau_sum"] - (rows + acc)) <= 1     # an f32/f64 argmax near-tie at most
+
+
+def test_frozen_lm_head_export_without_it(runs, tmp_path):
+    """--freeze-lm-head keeps lm_head = target rows of the draft vocab, so the
+    export may omit it (--no-export-lm-head) and a loader that falls back to
+    the target's rows (reference.py, as specd's) gets the same logits."""
+    syn, _, _ = runs
+    run = str(tmp_path / "frozen")
+    tr.main(_args(syn, run, "--freeze-lm-head", "--no-export-lm-head", "--steps", "4"))
+    exp = os.path.join(run, "export")
+    from safetensors import safe_open
+    with safe_open(os.path.join(exp, "model.safetensors"), framework="pt") as f:
+        assert "lm_head.weight" not in set(f.keys())
+    embed = np.load(os.path.join(syn, "embed.npy"))
+    ck = torch.load(os.path.join(run, "ckpt", "step_00000004.pt"), weights_only=False)
+    d2t, _ = tr.load_vocab_map(os.path.join(syn, "vocab_map.safetensors"), msd.VT)
+    assert torch.equal(ck["model"]["lm_head.weight"], torch.from_numpy(embed)[torch.arange(msd.VD) + d2t])
+    head = ref.Eagle3Head.load(exp, embed)
+    model = Eagle3Train(DraftConfig(**ck["cfg"]), torch.from_numpy(embed), None)
+    sd = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in ck["model"].items()}
+    sd["lm_head.weight"] = ck["model"]["lm_head.weight"]        # not exported: stays f32
+    model.load_state_dict(sd, strict=False)
+    s = DumpReader(os.path.join(syn, "dump")).get(1)
+    T = 16
+    with torch.no_grad():
+        lg = model.logits(model.ttt_forward(s["aux_hidden"][:T], s["input_ids"][:T], 1)[0]).double()
+    out = ref.run_chain(head, s["aux_hidden"][: T - 1].numpy(), s["input_ids"][: T - 1].numpy(), 0)
+    d = float((out["prefill_logits"] - lg).abs().max())
+    assert d <= 1e-4 * float(out["prefill_logits"].abs().max()), d
