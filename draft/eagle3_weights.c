@@ -190,6 +190,8 @@ static int load_tensors(eagle3_head *h, specd_err *err) {
                              (long long)fc->shape[1], EAGLE3_MAX_AUX, (long long)Ht);
     h->n_aux = (int32_t)(fc->shape[1] / Ht);
     if (load_matrix(h, fc, "fc.weight", H, h->n_aux * Ht, &h->fc, err) < 0) return -1;
+    if (st_find(h->st, "layers.1.self_attn.q_proj.weight") || st_find(h->st, "midlayer.1.self_attn.q_proj.weight"))
+        return specd_err_set(err, "the head has more than one decoder layer; specd implements single-layer EAGLE-3 heads");
     const char *pfx = NULL;
     const char *want = c->layout == EAGLE3_LAYOUT_SPECULATORS ? "layers.0." : "midlayer.";
     struct { const char *key; bk_weight *w; int64_t rows, cols; } mats[] = {

@@ -6,7 +6,8 @@
  * lists among them:
  *   d2t missing (would silently be identity), d2t written as absolute ids,
  *   t2d contradicting d2t, a projection of the wrong shape, fc missing,
- *   target_hidden_size not the target's, a pickle-only directory.
+ *   target_hidden_size not the target's, aux ids outside the target, a second
+ *   decoder layer (multi-layer drafts are not implemented).
  * The unmodified head loads (control), and with lm_head removed it loads with
  * the target's rows gathered through d2t.
  */
@@ -26,7 +27,7 @@ static backend *g_be;
 static model *g_model;
 static char g_src[64];
 
-typedef enum { F_NONE, F_DROP_D2T, F_ABS_D2T, F_T2D_FLIP, F_Q_SHAPE, F_DROP_FC, F_DROP_LM } fault;
+typedef enum { F_NONE, F_DROP_D2T, F_ABS_D2T, F_T2D_FLIP, F_Q_SHAPE, F_DROP_FC, F_DROP_LM, F_TWO_LAYERS } fault;
 
 /* Copies the head with FAULT applied (and config.json with FROM -> TO replaced)
  * into a new directory (written to dir). */
@@ -39,7 +40,7 @@ static void make_variant(fault f, const char *from, const char *to, char *dir) {
     specd_err err = {{0}};
     assert_int_equal(st_open(p, &m, &err), 0);
     size_t n = st_n_tensors(m), k = 0;
-    st_write_tensor *w = calloc(n, sizeof *w);
+    st_write_tensor *w = calloc(n + 1, sizeof *w);
     int64_t *abs_ids = NULL;
     uint8_t *t2d = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -69,6 +70,10 @@ static void make_variant(fault f, const char *from, const char *to, char *dir) {
             w[k] = (st_write_tensor){t->name, kp->dtype, kp->n_dims, kp->shape, kp->data};
         }
         k++;
+    }
+    if (f == F_TWO_LAYERS) { /* a second decoder layer */
+        const st_tensor *q = st_find(m, "layers.0.self_attn.q_proj.weight");
+        w[k++] = (st_write_tensor){"layers.1.self_attn.q_proj.weight", q->dtype, q->n_dims, q->shape, q->data};
     }
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     assert_int_equal(st_write(p, w, k, NULL, &err), 0);
@@ -135,6 +140,7 @@ static void test_absolute_d2t(void **state) {
 static void test_t2d_inconsistent(void **state) { (void)state; expect(F_T2D_FLIP, NULL, NULL, "t2d is inconsistent with d2t"); }
 static void test_bad_shape(void **state) { (void)state; expect(F_Q_SHAPE, NULL, NULL, "q_proj.weight has shape [192, 1152]"); }
 static void test_no_fc(void **state) { (void)state; expect(F_DROP_FC, NULL, NULL, "fc.weight is missing"); }
+static void test_two_layers(void **state) { (void)state; expect(F_TWO_LAYERS, NULL, NULL, "more than one decoder layer"); }
 static void test_target_hidden(void **state) {
     (void)state;
     expect(F_NONE, "\"target_hidden_size\": 576", "\"target_hidden_size\": 512", "does not match the target's hidden size 576");
@@ -155,6 +161,7 @@ int main(void) {
         cmocka_unit_test(test_control_loads), cmocka_unit_test(test_no_d2t),    cmocka_unit_test(test_absolute_d2t),
         cmocka_unit_test(test_t2d_inconsistent), cmocka_unit_test(test_bad_shape), cmocka_unit_test(test_no_fc),
         cmocka_unit_test(test_target_hidden),  cmocka_unit_test(test_aux_ids_out_of_range),
+        cmocka_unit_test(test_two_layers),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dt_rm_head(g_src);
