@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/runtime/engine_ex.h"
 
@@ -37,6 +38,7 @@ typedef struct fake_runner {
     int last_n_tokens, last_n_seqs, last_n_out;
     int fail_next;         /* make the next forward fail */
     int eos_bias;          /* if > 0, EOS gets a high logit at every position >= eos_bias */
+    int sleep_us;          /* per forward call (a slow model for timing tests) */
 } fake_runner;
 
 static inline uint64_t fake_mix(uint64_t h) {
@@ -63,6 +65,10 @@ static inline int fake_forward(void *ctx, const model_batch *b, specd_err *err) 
     f->last_n_seqs = b->n_seqs;
     f->last_n_out = b->n_out;
     if (b->n_tokens > f->max_tokens_seen) f->max_tokens_seen = b->n_tokens;
+    if (f->sleep_us > 0) {
+        struct timespec ts = {0, (long)f->sleep_us * 1000L};
+        nanosleep(&ts, NULL);
+    }
     if (f->fail_next) {
         f->fail_next = 0;
         return specd_err_set(err, "fake runner: injected failure");

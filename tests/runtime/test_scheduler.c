@@ -529,6 +529,40 @@ static void test_prompt_logprobs(void **st) {
     h_free(&h);
 }
 
+/* drain refuses new work, lets in-flight requests finish; wait_idle past its
+ * timeout aborts what is left (running and waiting) and returns 1. */
+static void test_drain_and_wait_idle_timeout(void **st) {
+    (void)st;
+    harness h;
+    h_init(&h, 32, 4, 100, 1, 64, false); /* one running at a time: the second request waits */
+    h.f.sleep_us = 2000;
+    specd_err err = {0};
+    assert_int_equal(engine_start(h.e, &err), 0);
+    int32_t p[5];
+    make_prompt(p, 5, 3);
+    engine_stream *a = submit_ok(&h, p, 5, 90);
+    engine_stream *b = submit_ok(&h, p, 5, 90);
+    engine_drain(h.e);
+    engine_status status;
+    assert_null(submit(&h, p, 5, 2, &status, &err));
+    assert_int_equal(status, ENGINE_EDRAINING);
+    assert_int_equal(engine_wait_idle(h.e, 0.05), 1); /* 90 steps of 2 ms cannot finish in 50 ms */
+    finish_reason fin[2] = {FINISH_NONE, FINISH_NONE};
+    engine_stream *s[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        engine_output *o;
+        while (fin[i] == FINISH_NONE && engine_stream_wait(s[i], &o, 10.0)) {
+            fin[i] = o->finish;
+            engine_output_free(o);
+        }
+        assert_int_equal(fin[i], FINISH_ABORT);
+        engine_stream_release(s[i]);
+    }
+    assert_int_equal(engine_wait_idle(h.e, 5.0), 0);
+    assert_all_free(&h);
+    h_free(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_request_matches_reference),
@@ -542,6 +576,7 @@ int main(void) {
         cmocka_unit_test(test_runner_failure_and_eos),
         cmocka_unit_test(test_thread_concurrent),
         cmocka_unit_test(test_prompt_logprobs),
+        cmocka_unit_test(test_drain_and_wait_idle_timeout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
