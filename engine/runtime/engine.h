@@ -21,7 +21,10 @@
  *
  * Lifetime: engine_submit returns a stream handle owned jointly by the caller
  * and the engine; the caller must call engine_stream_release exactly once (after
- * the final output, or to abandon it: release implies abort).
+ * the final output, or to abandon it: release implies abort). Release waits for
+ * a notify callback already running for that stream to return (so notify_arg
+ * may be freed right after release): never call release from inside notify,
+ * nor while holding a lock that notify takes.
  */
 #ifndef SPECD_RUNTIME_ENGINE_H
 #define SPECD_RUNTIME_ENGINE_H
