@@ -52,6 +52,7 @@ int spec_init(engine *e, specd_err *err) {
     e->n_aux = n;
     memcpy(e->aux_layers, layers, (size_t)n * sizeof *layers);
     size_t ns = (size_t)e->cfg.max_num_seqs;
+    free(e->p_seqs), free(e->p_ids), free(e->p_k), free(e->p_temp), free(e->p_tok), free(e->prob);
     e->p_seqs = malloc(ns * sizeof *e->p_seqs);
     e->p_ids = malloc(ns * sizeof *e->p_ids);
     e->p_k = malloc(ns * sizeof *e->p_k);
