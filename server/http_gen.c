@@ -222,8 +222,13 @@ static int pump(http_req *r) {
                     size_t n = 0;
                     rc = out_take(r,
                                   oai_chunk_sse(&r->rc, c->index, o->text, o->text_len, o->token_ids, lp ? o->logprobs : NULL,
-                                                lp ? o->n_tokens : 0, o->finish, o->stop_reason, o->stop_token_id, false,
+                                                lp ? o->n_tokens : 0, c->text_len, o->finish, o->stop_reason, o->stop_token_id, false,
                                                 r->oreq.include_usage, &n));
+                    /* streaming keeps no text: text_len is the running text_offset (token bytes so far) */
+                    for (size_t k = 0; lp && k < o->n_tokens; k++) {
+                        size_t tl = 0;
+                        if (tok_token_bytes(r->srv->tok, o->token_ids[k], &tl)) c->text_len += tl;
+                    }
                 }
             } else {
                 rc = oai_choice_add(c, o);
@@ -342,11 +347,11 @@ static enum MHD_Result start_stream(http_req *r) {
         size_t n = 0;
         char *f = NULL;
         if (r->oreq.kind == OAI_CHAT) {
-            f = oai_chunk_sse(&r->rc, (int32_t)i, "", 0, NULL, NULL, 0, FINISH_NONE, NULL, -1, true,
+            f = oai_chunk_sse(&r->rc, (int32_t)i, "", 0, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, true,
                               r->oreq.include_usage, &n);
         } else if (r->oreq.echo) {
             size_t p = i / (size_t)r->oreq.n;
-            f = oai_chunk_sse(&r->rc, (int32_t)i, r->echo_text[p], r->echo_len[p], NULL, NULL, 0,
+            f = oai_chunk_sse(&r->rc, (int32_t)i, r->echo_text[p], r->echo_len[p], NULL, NULL, 0, 0,
                               r->done[i] ? FINISH_LENGTH : FINISH_NONE, NULL, -1, false, r->oreq.include_usage, &n);
         } else {
             continue;

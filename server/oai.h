@@ -164,11 +164,12 @@ char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_
                         int64_t n_prompt_total, size_t *len);
 
 /* One SSE frame "data: {chunk}\n\n" for a delta of choice INDEX: TEXT (may be
- * empty), LPS/IDS (n_lps entries, or 0), FINISH (FINISH_NONE -> null).
+ * empty), LPS/IDS (n_lps entries, or 0; completions' text_offset starts at
+ * TEXT_OFFSET, the bytes of the choice's earlier tokens), FINISH (FINISH_NONE -> null).
  * ROLE_FIRST: chat's first chunk carrying {"role":"assistant"}. With
  * INCLUDE_USAGE the chunk carries "usage": null. Malloc'd, NULL on OOM. */
 char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, size_t text_len,
-                    const int32_t *ids, const token_logprob *lps, size_t n_lps, finish_reason finish,
+                    const int32_t *ids, const token_logprob *lps, size_t n_lps, size_t text_offset, finish_reason finish,
                     const char *stop_reason, int32_t stop_token_id, bool role_first, bool include_usage,
                     size_t *len);
 /* The final usage frame: choices [] and usage. */

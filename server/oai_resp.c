@@ -277,9 +277,9 @@ char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_
 }
 
 char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, size_t text_len, const int32_t *ids,
-                    const token_logprob *lps, size_t n_lps, finish_reason finish, const char *stop_reason,
+                    const token_logprob *lps, size_t n_lps, size_t text_offset, finish_reason finish, const char *stop_reason,
                     int32_t stop_token_id, bool role_first, bool include_usage, size_t *len) {
-    json_t *lp = (n_lps && lps) ? logprobs_json(rc, ids, lps, n_lps, 0) : json_null();
+    json_t *lp = (n_lps && lps) ? logprobs_json(rc, ids, lps, n_lps, text_offset) : json_null();
     json_t *ch;
     if (rc->kind == OAI_CHAT) {
         json_t *delta = json_object();

@@ -55,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (oai_choice_add(&c, &o) == 0) {
                 free(oai_response_json(&rc, &c, 1, 7, NULL));
                 size_t len;
-                free(oai_chunk_sse(&rc, 0, c.text, c.text_len, NULL, NULL, 0, c.finish, c.stop_reason, -1, true,
+                free(oai_chunk_sse(&rc, 0, c.text, c.text_len, NULL, NULL, 0, 0, c.finish, c.stop_reason, -1, true,
                                    r.include_usage, &len));
             }
             oai_choice_free(&c);

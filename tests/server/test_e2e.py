@@ -283,6 +283,19 @@ def test_logprobs(srv):
         assert 1 <= len(top) <= 3
         assert abs(max(top.values()) - tlp) < 1e-4  # greedy picks the most likely token
     assert "".join(lp.tokens) == r.choices[0].text
+    # streamed: the same tokens and logprobs, text_offset running over the whole text
+    chunks = list(c.completions.create(model=NAME, prompt="The capital of France is", max_tokens=5, temperature=0,
+                                       logprobs=3, stream=True))
+    s_tokens, s_lps, s_off = [], [], []
+    for chnk in chunks:
+        l = chnk.choices[0].logprobs
+        if l:
+            s_tokens += l.tokens
+            s_lps += l.token_logprobs
+            s_off += l.text_offset
+    assert s_tokens == lp.tokens
+    assert s_lps == pytest.approx(lp.token_logprobs, abs=1e-6)
+    assert s_off == lp.text_offset
     ch = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
                                    temperature=0, logprobs=True, top_logprobs=2)
     content = ch.choices[0].logprobs.content

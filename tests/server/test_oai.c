@@ -447,13 +447,13 @@ static void test_sse_frames(void **state) {
     (void)state;
     oai_resp_ctx rc = {.kind = OAI_CHAT, .id = "c", .created = 1, .model = "m", .logprobs = -1};
     size_t len;
-    char *f = oai_chunk_sse(&rc, 0, "", 0, NULL, NULL, 0, FINISH_NONE, NULL, -1, true, false, &len);
+    char *f = oai_chunk_sse(&rc, 0, "", 0, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, true, false, &len);
     assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":"
                            "null,\"finish_reason\":null}]}\n\n");
     assert_int_equal(len, strlen(f));
     free(f);
-    f = oai_chunk_sse(&rc, 1, "Hi", 2, NULL, NULL, 0, FINISH_STOP, "", 2, false, true, &len);
+    f = oai_chunk_sse(&rc, 1, "Hi", 2, NULL, NULL, 0, 0, FINISH_STOP, "", 2, false, true, &len);
     assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
                            "\"choices\":[{\"index\":1,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,"
                            "\"finish_reason\":\"stop\",\"stop_reason\":2}],\"usage\":null}\n\n");
@@ -464,7 +464,7 @@ static void test_sse_frames(void **state) {
                            "\n\n");
     free(f);
     rc.kind = OAI_COMPLETION;
-    f = oai_chunk_sse(&rc, 0, "a\"b", 3, NULL, NULL, 0, FINISH_NONE, NULL, -1, false, false, &len);
+    f = oai_chunk_sse(&rc, 0, "a\"b", 3, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, false, false, &len);
     assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\","
                            "\"choices\":[{\"index\":0,\"text\":\"a\\\"b\",\"logprobs\":null,\"finish_reason\":null}]}"
                            "\n\n");
@@ -488,14 +488,14 @@ static void test_logprobs_shapes(void **state) {
     oai_resp_ctx rc = {.kind = OAI_COMPLETION, .id = "c", .created = 1, .model = "m", .logprobs = 2,
                        .token_bytes = fake_tok};
     size_t len;
-    char *f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 2, FINISH_NONE, NULL, -1, false, false, &len);
+    char *f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 2, 10, FINISH_NONE, NULL, -1, false, false, &len);
     assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\","
                            "\"choices\":[{\"index\":0,\"text\":\"Hel\",\"logprobs\":{\"tokens\":[\"Hel\",\"\xEF\xBF\xBD\xEF\xBF\xBD\"],"
                            "\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":[{\"Hel\":-0.5,\"lo\":-1.0},"
-                           "{\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.25}],\"text_offset\":[0,3]},\"finish_reason\":null}]}\n\n");
+                           "{\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.25}],\"text_offset\":[10,13]},\"finish_reason\":null}]}\n\n");
     free(f);
     rc.kind = OAI_CHAT;
-    f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 1, FINISH_NONE, NULL, -1, false, false, &len);
+    f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 1, 0, FINISH_NONE, NULL, -1, false, false, &len);
     assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"logprobs\":{\"content\":[{"
                            "\"token\":\"Hel\",\"logprob\":-0.5,\"bytes\":[72,101,108],\"top_logprobs\":[{\"token\":"
