@@ -5,6 +5,10 @@ tools/kimi/make_mini.py) in the three tensor-name layouts the C loader accepts, 
     OUT/k25      language_model.model.* + language_model.lm_head (Kimi-K2.5), tokenizer files
     OUT/nomodel  language_model.* (re-exports without ".model"), text_config model_type deepseek_v3
     OUT/dsv3     plain DeepseekV3 config and model.* / lm_head.weight names
+    OUT/head     a random-weight EAGLE-3 head for the miniature (tools/eagle3/make_random_head.py
+                 with the miniature's sizes: hidden 128, 4 heads of 32, intermediate 256, target
+                 vocab 163840, draft vocab 32000 with a random vocabulary map, aux ids [0, 2, 4] (layer outputs),
+                 "eagle" layout, seed 0): lossless speculative decoding needs a head, not a good one
 
 All three hold the same numbers (values depend only on seed and canonical name). A stamp with the
 sha256 of make_mini.py skips regeneration when nothing changed. Exits 77 (skip) without numpy.
@@ -17,6 +21,16 @@ ROOT = os.environ.get("SPECD_SOURCE_DIR", os.path.dirname(os.path.dirname(os.pat
     os.path.abspath(__file__)))))
 
 
+def make_head(out: str) -> None:
+    """The random EAGLE-3 head, sized for the miniature (module constants overridden)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "eagle3"))
+    import make_random_head as mrh
+    mrh.H, mrh.HEADS, mrh.KV_HEADS, mrh.HEAD_DIM, mrh.INTER = 128, 4, 4, 32, 256
+    mrh.TARGET_VOCAB, mrh.DRAFT_VOCAB, mrh.N_LAYERS = 163840, 32000, 6
+    mrh.AUX_IDS = [0, 2, 4]    # eagle_config ids: outputs of layers 0, 2, 4 = inputs of 1, 3, 5
+    mrh.write_head(out, "eagle", 0)
+
+
 def main() -> int:
     out = sys.argv[1]
     try:
@@ -27,7 +41,9 @@ def main() -> int:
     sys.path.insert(0, os.path.join(ROOT, "tools", "kimi"))
     import make_mini as mm
     gen = os.path.join(ROOT, "tools", "kimi", "make_mini.py")
-    stamp_text = hashlib.sha256(open(gen, "rb").read()).hexdigest() + " seed 0 v1\n"
+    head_gen = os.path.join(ROOT, "tools", "eagle3", "make_random_head.py")
+    h = hashlib.sha256(open(gen, "rb").read() + open(head_gen, "rb").read()).hexdigest()
+    stamp_text = h + " seed 0 v2\n"
     stamp = os.path.join(out, "stamp")
     if os.path.exists(stamp) and open(stamp).read() == stamp_text:
         print(f"miniatures in {out} are current")
@@ -41,6 +57,7 @@ def main() -> int:
     mm.make(0, os.path.join(out, "k25"), "kimi_k2", "kimi_k25", have_tok)
     mm.make(0, os.path.join(out, "nomodel"), "deepseek_v3", "kimi_k25_nomodel", False)
     mm.make(0, os.path.join(out, "dsv3"), "deepseek_v3", "deepseek_v3", False)
+    make_head(os.path.join(out, "head"))
     with open(stamp, "w") as f:
         f.write(stamp_text)
     print(f"wrote the seed-0 miniature in 3 layouts under {out}")
