@@ -113,6 +113,10 @@ struct engine {
     int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
     sched_seq **p_seqs;
     float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */
+    float *aux_pool;      /* [n_blocks * block_size, n_aux * hidden]: aux features by KV slot, so a
+                             prefix-cache hit can feed the draft the cached positions' features;
+                             only with a proposer, aux layers and prefix caching */
+    float *aux_gather; size_t cap_gather_rows;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_per_pos[16];
     uint64_t seed_state;
 
@@ -153,6 +157,12 @@ void spec_verify_seq(engine *e, sched_seq *s);
 /* Feeds the proposer the tokens S just computed (non-speculative path). */
 void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n);
 void spec_extend_sampled(engine *e, sched_seq *s, int32_t tok, int32_t pos);
+/* After a forward: stores every batch token's aux features at its KV slot. */
+void spec_aux_store(engine *e);
+/* After a prefix-cache hit of HIT tokens: feeds the proposer those tokens with
+ * their stored features. False if that is impossible (no aux pool). */
+bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit);
+bool spec_prefix_hits_ok(const engine *e);
 int sched_append_token(sched_seq *s, int32_t tok);
 sampler_hist sched_hist(const sched_seq *s);
 

@@ -187,6 +187,8 @@ void engine_destroy(engine *e) {
     free(e->p_tok);
     free(e->p_seqs);
     free(e->p_q);
+    free(e->aux_pool);
+    free(e->aux_gather);
     sampler_work_destroy(e->sw);
     kv_destroy(e->kv);
     pthread_mutex_destroy(&e->mu);

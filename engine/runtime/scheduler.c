@@ -178,9 +178,9 @@ static void schedule(engine *e) {
     while (!preempted && e->n_waiting > 0 && budget > 0 && e->n_running < (size_t)e->cfg.max_num_seqs) {
         sched_seq *s = e->waiting[0];
         int32_t hit = 0;
-        /* no hits for prompt logprobs (cached blocks have no logits) nor for a
-         * speculating sequence (the draft would lack the cached positions' features) */
-        if (s->n_computed == 0 && !s->prompt_logprobs && s->k == 0)
+        /* no hits for prompt logprobs (cached blocks have no logits), nor for a
+         * speculating sequence when no aux features are cached (spec.c) */
+        if (s->n_computed == 0 && !s->prompt_logprobs && (s->k == 0 || spec_prefix_hits_ok(e)))
             hit = kv_seq_match_prefix(e->kv, &s->kv, s->tokens, s->n_tokens, NULL, 0);
         int32_t n_new = cap_chunk(s, s->n_tokens - hit);
         if (n_new > budget) n_new = budget;
@@ -197,6 +197,7 @@ static void schedule(engine *e) {
             e->pc_queries += kv_prefix_caching(e->kv) ? s->n_tokens : 0;
             e->pc_hits += hit;
         }
+        if (hit > 0) spec_feed_prefix_hit(e, s, hit);
         queue_remove_at(e->waiting, &e->n_waiting, 0);
         e->running[e->n_running++] = s;
         if (add_sched(e, s, n_new, 0) != 0) break;
@@ -381,6 +382,7 @@ int sched_step(engine *e, specd_err *err) {
             if (err) *err = local;
             rc = -1;
         } else {
+            spec_aux_store(e);
             postprocess(e);
         }
         e->steps++;

@@ -30,9 +30,14 @@
  *            aux rows of those positions) then extend(last emitted token, no
  *            features), the contract in draft/eagle3.h.
  * Non-speculative steps feed the proposer too (spec_extend_computed /
- * spec_extend_sampled), so its state always mirrors the sequence. Prefix-cache
- * hits are not taken for a sequence with k > 0 (the draft would lack the
- * features of the cached positions; see scheduler.c).
+ * spec_extend_sampled), so its state always mirrors the sequence.
+ * Prefix caching: the draft needs the target's features of EVERY committed
+ * position, and a prefix-cache hit skips the target. So, with a proposer and
+ * prefix caching, the engine keeps each token's aux features next to its KV
+ * slot (aux_pool, same block ids; written after every forward, keyed and
+ * shared exactly like the KV), and a hit feeds the proposer the cached
+ * tokens with their stored features (spec_feed_prefix_hit). Memory: n_aux *
+ * hidden floats per KV slot (SmolLM2: 6.75 KiB per token next to 45 KiB of KV).
  *
  * Threading: engine thread only.
  */
@@ -62,7 +67,57 @@ int spec_init(engine *e, specd_err *err) {
     if (!e->p_seqs || !e->p_ids || !e->p_k || !e->p_temp || !e->p_tok || !e->prob)
         return specd_err_set(err, "engine: out of memory for speculative buffers");
     e->cap_prop = ns;
+    free(e->aux_pool);
+    e->aux_pool = NULL;
+    if (n > 0 && kv_prefix_caching(e->kv)) {
+        size_t slots = (size_t)e->runner.n_blocks * (size_t)e->runner.block_size;
+        e->aux_pool = malloc(slots * (size_t)n * (size_t)e->runner.hidden * sizeof *e->aux_pool);
+        if (!e->aux_pool)
+            return specd_err_set(err, "engine: out of memory for the aux feature cache (%zu slots)", slots);
+    }
     return 0;
+}
+
+bool spec_prefix_hits_ok(const engine *e) { return !e->proposer || e->n_aux == 0 || e->aux_pool != NULL; }
+
+void spec_aux_store(engine *e) {
+    if (!e->aux_pool) return;
+    const size_t row = (size_t)e->n_aux * (size_t)e->runner.hidden;
+    const int32_t bs = e->runner.block_size;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        const sched_seq *s = e->sched[i];
+        for (int32_t j = 0; j < s->sched_new; j++) {
+            int32_t pos = s->n_computed + j;
+            size_t slot = (size_t)s->kv.blocks[pos / bs] * (size_t)bs + (size_t)(pos % bs);
+            memcpy(e->aux_pool + slot * row, e->aux + ((size_t)s->sched_t0 + (size_t)j) * row, row * sizeof(float));
+        }
+    }
+}
+
+bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit) {
+    if (!e->proposer || hit <= 0) return true;
+    if (e->n_aux > 0 && !e->aux_pool) return false;
+    const size_t row = (size_t)e->n_aux * (size_t)e->runner.hidden;
+    const float *aux = NULL;
+    if (row > 0) {
+        if ((size_t)hit > e->cap_gather_rows) {
+            float *ng = realloc(e->aux_gather, (size_t)hit * row * sizeof *ng);
+            if (!ng) return false;
+            e->aux_gather = ng;
+            e->cap_gather_rows = (size_t)hit;
+        }
+        const int32_t bs = e->runner.block_size;
+        for (int32_t p = 0; p < hit; p++) {
+            size_t slot = (size_t)s->kv.blocks[p / bs] * (size_t)bs + (size_t)(p % bs);
+            memcpy(e->aux_gather + (size_t)p * row, e->aux_pool + slot * row, row * sizeof(float));
+        }
+        aux = e->aux_gather;
+    }
+    specd_err err = {0};
+    if (e->proposer->ops->extend &&
+        e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens, hit, 0, aux, &err) != 0)
+        LOG_DEBUG("engine: proposer extend of a %d-token prefix hit: %s", hit, err.msg);
+    return true;
 }
 
 int32_t spec_plan_k(const engine *e, const sched_seq *s, int32_t budget) {

@@ -46,6 +46,8 @@ typedef struct rig {
     engine *e;
 } rig;
 
+static bool g_prefix_caching; /* rig_init: enable prefix caching */
+
 static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int32_t max_seqs, int32_t budget,
                      int32_t k, bool with_proposer) {
     memset(g, 0, sizeof *g);
@@ -59,7 +61,8 @@ static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int3
     g->prop = (spec_proposer){.ops = &fp_ops, .ctx = g->fp};
     g->d = fake_detok();
     engine_config cfg = {.max_model_len = max_len, .max_num_seqs = max_seqs, .max_num_batched_tokens = budget,
-                         .max_waiting = 100000, .num_speculative_tokens = k};
+                         .max_waiting = 100000, .num_speculative_tokens = k,
+                         .enable_prefix_caching = g_prefix_caching};
     specd_err err = {0};
     if (engine_create_ex(&cfg, &g->r, &g->d, NULL, NULL, &g->e, &err) != 0) fail_msg("%s", err.msg);
     if (with_proposer && engine_set_proposer(g->e, &g->prop, &err) != 0) fail_msg("%s", err.msg);
@@ -400,11 +403,59 @@ static void test_sampling_lossless(void **st) {
     }
 }
 
+/* Prefix caching with speculation: hits feed the proposer the cached
+ * positions' features from the aux cache (checked by the fake proposer: no
+ * feature gaps, rows carry the right [token, position]); outputs stay equal to
+ * the reference; hits and acceptance both happen. */
+static void test_prefix_cache_with_speculation(void **st) {
+    (void)st;
+    g_prefix_caching = true;
+    rig g;
+    rig_init(&g, 96, 4, 96, 8, 32, 3, true);
+    g_prefix_caching = false;
+    int32_t base[30];
+    make_prompt(base, 30, 5);
+    for (int round = 0; round < 3; round++) {
+        engine_stream *s[4];
+        int32_t p[4][40], len[4];
+        for (int i = 0; i < 4; i++) {
+            len[i] = 30 + i * 3;
+            memcpy(p[i], base, sizeof base);
+            for (int j = 30; j < len[i]; j++) p[i][j] = (round * 5 + i * 3 + j) % 60;
+            sampling_params sp;
+            sampling_params_init(&sp);
+            sp.temperature = 0.0f;
+            sp.max_tokens = 12;
+            s[i] = sub(&g, p[i], len[i], &sp);
+        }
+        run_idle(&g);
+        for (int i = 0; i < 4; i++) {
+            result r;
+            drain(s[i], &r);
+            int32_t ref[16];
+            int32_t nr = fake_reference_greedy(p[i], len[i], 12, 0, false, ref);
+            assert_int_equal(r.n, nr);
+            assert_memory_equal(r.toks, ref, (size_t)nr * sizeof *ref);
+        }
+    }
+    if (g.fp->violations) fail_msg("proposer contract: %d violations, first: %s", g.fp->violations, g.fp->first_violation);
+    engine_stats stt;
+    engine_get_stats(g.e, &stt);
+    printf("prefix hits %lld of %lld; drafts %lld, accepted %lld\n", (long long)stt.prefix_cache_hits_total,
+           (long long)stt.prefix_cache_queries_total, (long long)stt.spec_num_drafts_total,
+           (long long)stt.spec_num_accepted_tokens_total);
+    assert_true(stt.prefix_cache_hits_total >= 2 * 4 * 28); /* rounds 2 and 3: 7 full blocks of the shared 30 */
+    assert_true(stt.spec_num_accepted_tokens_total > 0);
+    assert_int_equal(stt.kv_blocks_free, stt.kv_blocks_total);
+    rig_free(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_lossless_k1),      cmocka_unit_test(test_greedy_lossless_k3),
         cmocka_unit_test(test_greedy_lossless_k5),      cmocka_unit_test(test_greedy_lossless_preempt),
         cmocka_unit_test(test_stops_inside_block),      cmocka_unit_test(test_sampling_lossless),
+        cmocka_unit_test(test_prefix_cache_with_speculation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
