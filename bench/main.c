@@ -30,7 +30,7 @@
 /* ---- configuration -------------------------------------------------------------- */
 
 typedef struct cli {
-    char *base_url, *host, *endpoint, *model, *dataset_name, *dataset_path;
+    char *base_url, *host, *endpoint, *backend, *model, *dataset_name, *dataset_path;
     long num_prompts, max_tokens, num_warmups, random_input_len, random_output_len, port;
     double random_range_ratio, temperature, request_rate, burstiness, request_timeout;
     long max_concurrency;
@@ -56,7 +56,8 @@ static const opt OPTS[] = {
     {"--base-url", T_STR, O(base_url), NULL, "server root URL; overrides --host/--port"},
     {"--host", T_STR, O(host), "127.0.0.1", "server host"},
     {"--port", T_LONG, O(port), "8000", "server port"},
-    {"--endpoint", T_STR, O(endpoint), "/v1/completions", "API path: /v1/completions or /v1/chat/completions"},
+    {"--endpoint", T_STR, O(endpoint), NULL, "API path [/v1/completions; /v1/chat/completions for openai-chat]"},
+    {"--backend", T_STR, O(backend), "openai", "openai | vllm (completions) or openai-chat (chat), as in vLLM"},
     {"--model", T_STR, O(model), NULL, "model name sent in requests (default: first of GET /v1/models)"},
     {"--dataset-name", T_STR, O(dataset_name), "random", "mt-bench | gsm8k | humaneval | jsonl | random"},
     {"--dataset-path", T_STR, O(dataset_path), NULL, "JSONL file (.gz allowed) for file datasets"},
@@ -289,6 +290,14 @@ static int run_bench(cli *c) {
     if (c->num_prompts < 1 || c->max_tokens < 0 || c->num_warmups < 0) {
         fprintf(stderr, "specd-bench: --num-prompts must be >= 1, --max-tokens and --num-warmups >= 0\n");
         return 1;
+    }
+    if (!c->endpoint) {
+        if (!strcmp(c->backend, "openai-chat")) c->endpoint = "/v1/chat/completions";
+        else if (!strcmp(c->backend, "openai") || !strcmp(c->backend, "vllm")) c->endpoint = "/v1/completions";
+        else {
+            fprintf(stderr, "specd-bench: unknown --backend '%s' (openai, openai-chat, vllm)\n", c->backend);
+            return 1;
+        }
     }
     specd_err err = {{0}};
     bench_dataset_cfg dc = {

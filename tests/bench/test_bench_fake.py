@@ -87,6 +87,7 @@ def main():
         assert p.returncode == 2, p.returncode
         r = bu.load(os.path.join(tmp, "fail.json"))
         assert r["failed"] == 3 and r["completed"] == 0
+        assert r["endpoint"] == "/v1/completions" and r["backend"] == "openai"  # vLLM's default
         assert any("no usage" in k for k in r["failure_reasons"]), r["failure_reasons"]
 
         # a server that streams no usage (llama-cpp-python) is counted through its tokenize
@@ -94,12 +95,13 @@ def main():
         before = counters(base)
         fb = os.path.join(tmp, "fallback.json")
         p = bu.run_bench(["--base-url", base, "--num-prompts", "4", "--random-input-len", "9", "--max-tokens", "10",
-                          "--ignore-eos", "--extra-body", '{"fake_fail": "no_usage"}', "--tokenize-fallback",
+                          "--ignore-eos", "--backend", "openai-chat", "--extra-body", '{"fake_fail": "no_usage"}', "--tokenize-fallback",
                           "/extras/tokenize", "--save-result", "--result-filename", fb])
         assert p.returncode == 0, p.returncode
         after = counters(base)
         r = bu.load(fb)
         assert r["completed"] == 4 and r["retokenized_requests"] == 4
+        assert r["endpoint"] == "/v1/chat/completions" and r["backend"] == "openai-chat"
         assert r["total_output_tokens"] == after["generation_tokens_total"] - before["generation_tokens_total"] == 40
         assert r["total_input_tokens"] == after["prompt_tokens_total"] - before["prompt_tokens_total"] == 36
         assert "re-tokenizing" in p.stdout
