@@ -370,7 +370,7 @@ static bool reading_valid(const int64_t *d2t, int64_t n, int64_t V, bool absolut
         }
         prev = u;
     }
-    snprintf(why, cap, "strictly increasing ids %lld..%lld", (long long)(absolute ? d2t[0] : d2t[0]),
+    snprintf(why, cap, "strictly increasing ids %lld..%lld", (long long)d2t[0], /* used[0] in both readings */
              (long long)(absolute ? d2t[n - 1] : n - 1 + d2t[n - 1]));
     return true;
 }
