@@ -206,6 +206,48 @@ def test_with_model(tmp):
     assert c.dtype == np.int64 and c.shape == (v,) and c.sum() > 0 and c[2] == 2, (c.dtype, c.shape, c[2])
     rc, out, err = run("count", "--target", MODEL, "--data", os.path.join(tmp, "missing.jsonl"))
     assert rc == 1
+    test_validate(tmp, data, out_npy)
+
+
+def test_validate(tmp, data, freq_npy):
+    """validate's held-out coverage equals numpy's on count's vector and the
+    map; a one-record greedy run produces and saves an answer."""
+    rc, out, err = run("build", "--token-freq", freq_npy, "--draft-vocab-size", "200", "--target", MODEL,
+                       "--output-dir", os.path.join(tmp, "vm"))
+    assert rc == 0, err
+    other = os.path.join(tmp, "other.jsonl")
+    with open(other, "w") as f:
+        f.write(json.dumps({"prompt": "Name an animal.", "response": "Zebras quietly sing 42 songs.",
+                            "category": "zoo"}) + "\n")
+        f.write(json.dumps({"question": "2+2?", "answer": "4, of course", "category": "math"}) + "\n")
+    rc, out, err = run("count", "--target", MODEL, "--data", other, "--output", os.path.join(tmp, "o.npy"))
+    assert rc == 0, err
+    c = np.load(os.path.join(tmp, "o.npy"))
+    t2d = np.load(os.path.join(tmp, "vm", "t2d.npy"))
+    want = 100.0 * c[t2d].sum() / c.sum()
+    assert 0 < want < 100, want  # some tokens in, some out: the figure is not trivial
+    rc, out, err = run("validate", "--draft", os.path.join(tmp, "vm"), "--target", MODEL, "--data", other,
+                       "--no-greedy")
+    assert rc == 0, err
+    assert f"{c.sum()} assistant tokens, coverage {want:.4f}% ({c.sum() - c[t2d].sum()} not proposable)" in out, \
+        (out, want)
+    assert "held-out zoo" in out and "held-out math" in out, out
+    rc, out, err = run("validate", "--draft", os.path.join(tmp, "vm"), "--target", MODEL, "--data", data,
+                       "--no-greedy")
+    assert rc == 0 and "coverage 100.0000%" in out, out  # the map was built from this very data
+    q = os.path.join(tmp, "q.jsonl")
+    with open(q, "w") as f:
+        f.write(json.dumps({"question_id": 7, "category": "x", "turns": ["Say hi."]}) + "\n")
+    saved = os.path.join(tmp, "answers.jsonl")
+    rc, out, err = run("validate", "--draft", os.path.join(tmp, "vm"), "--target", MODEL, "--data", q,
+                       "--max-new-tokens", "3", "--max-num-seqs", "1", "--save-responses", saved)
+    assert rc == 0 and "greedy: 1 turns generated" in out, (out, err)
+    ans = [json.loads(ln) for ln in open(saved)]
+    assert len(ans) == 1 and ans[0]["question_id"] == 7 and len(ans[0]["choices"][0]["turns"]) == 1, ans
+    # the saved answers feed count --responses
+    rc, out, err = run("count", "--target", MODEL, "--data", q, "--responses", saved, "--output",
+                       os.path.join(tmp, "qa.npy"))
+    assert rc == 0 and "1 records answered" in out and "1 processed" in out, (out, err)
 
 
 def main():
