@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "draft/eagle3_vocab.h"
 #include "vocab/npy.h"
@@ -150,7 +151,11 @@ int vocab_count_main(int argc, char **argv) {
         fprintf(stderr, "specd vocab count: %s\n", err.msg);
         return 1;
     }
+    struct timespec ta, tb;
+    clock_gettime(CLOCK_MONOTONIC, &ta);
     if (vocab_cli_load_data(&ds, data, n_data, resp, n_resp, num) < 0) goto out;
+    clock_gettime(CLOCK_MONOTONIC, &tb);
+    double read_s = (double)(tb.tv_sec - ta.tv_sec) + (tb.tv_nsec - ta.tv_nsec) * 1e-9;
     vocab_count_opts o = {.max_seq_len = (int32_t)max_len, .n_threads = (int)threads};
     if (vocab_count(tg.tok, tg.n_vocab, &ds, &o, &r, &err) < 0) {
         fprintf(stderr, "specd vocab count: %s\n", err.msg);
@@ -173,6 +178,7 @@ int vocab_count_main(int argc, char **argv) {
            "%.0f tokens per CPU-second\n", r.seconds, r.seconds > 0 ? (double)r.total_tokens / r.seconds : 0.0,
            r.seconds > 0 ? (double)r.n_processed / r.seconds : 0.0, (long long)threads, r.cpu_seconds,
            r.cpu_seconds > 0 ? (double)r.total_tokens / r.cpu_seconds : 0.0);
+    printf("reading + JSON parsing the data: %.3f s wall (single thread, before counting)\n", read_s);
     if (r.n_processed == 0) {
         fprintf(stderr, "specd vocab count: no sample could be counted; %s not written\n", output);
         goto out;
