@@ -143,7 +143,7 @@ put_subst() {
         note "unchanged $dst"
         return 0
     fi
-    printf '+ sed s#/usr/local#%s#g %q > %q\n' "$PREFIX" "$src" "$dst"
+    printf '+ sed s#/usr/local#%s#g %q > %q && chmod %s %q\n' "$PREFIX" "$src" "$dst" "$mode" "$dst"
     if [ "$DRY" = 0 ]; then
         subst <"$src" >"$dst.tmp.$$"
         chmod "$mode" "$dst.tmp.$$"
