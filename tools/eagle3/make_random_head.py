@@ -16,7 +16,11 @@ seed, with numpy only (no torch), so CI can regenerate the exact bytes:
   --layout eagle        config: Llama config with architectures
                         ["LlamaForCausalLMEagle3"] + draft_vocab_size +
                         target_hidden_size + eagle_config
-                        {eagle_aux_hidden_state_layer_ids}; tensors `midlayer.*`.
+                        {eagle_aux_hidden_state_layer_ids: [1, 14, 26], the
+                        SpecForge "output of layer i" ids of the default
+                        inputs {2, 15, 27}}; tensors `midlayer.*`.
+                        --minimal-config drops target_hidden_size and
+                        eagle_config (defaults apply).
 
 Tensors (bf16 unless said): fc.weight [H, 3H]; <prefix>self_attn.{q,k,v}_proj
 .weight [heads*64, 2H], o_proj [H, heads*64]; mlp.{gate,up} [I, H], down [H, I];
@@ -160,7 +164,9 @@ def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool,
         c["norm_before_residual"] = True
     if not minimal:   # minimal: only what every SpecForge config has
         c["target_hidden_size"] = H
-        c["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX_IDS,
+        # SpecForge/SGLang write explicit ids as "output of layer i" (see
+        # NOTES.md): the default inputs {2, N/2, N-3} are ids {1, 14, 26}.
+        c["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in AUX_IDS],
                              "use_aux_hidden_state": True}
     return c
 
