@@ -67,7 +67,7 @@ def main():
         "ExecReload": "/bin/kill -HUP $MAINPID", "Restart": "on-failure", "KillSignal": "SIGTERM",
         "User": "specd", "Group": "specd", "UMask": "0077", "LimitMEMLOCK": "infinity",
         "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes", "ProtectHome": "yes",
-        "ProtectKernelTunables": "yes", "DevicePolicy": "closed",
+        "ProtectKernelTunables": "yes", "DevicePolicy": "closed", "SyslogLevel": "err",
     }
     for k, v in want.items():
         assert dc.unit_one(u, S, k) == v, f"{k}={dc.unit_one(u, S, k)}, want {v}"
