@@ -13,6 +13,7 @@ no root privileges needed (--root implies no user, no chown, no systemctl).
 - Upgrade keeps the replaced binary as *.prev; --rollback swaps them back;
   rolling back twice rolls forward.
 - --prefix /opt/specd: the unit's ExecStart and the env file's head path follow.
+- Both scripts pass `bash -n` (and shellcheck where installed).
 - uninstall.sh --dry-run changes nothing; uninstall.sh leaves only
   /etc/specd/specd.env and /etc/specd/api-key (plus shared directories that
   existed: PREFIX/bin, etc/systemd/system ...); --purge leaves no file.
@@ -70,7 +71,18 @@ def fake_build(tmp, tag):
     return b
 
 
+def lint():
+    for script in (INSTALL, UNINSTALL):
+        r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        if shutil.which("shellcheck"):
+            r = subprocess.run(["shellcheck", script], capture_output=True, text=True)
+            assert r.returncode == 0, r.stdout
+    print("bash -n" + (" and shellcheck" if shutil.which("shellcheck") else " (no shellcheck here)") + ": clean")
+
+
 def main():
+    lint()
     build = os.path.abspath(dc.BUILD)
     tmp = tempfile.mkdtemp(prefix="deploy_install_")
     try:
