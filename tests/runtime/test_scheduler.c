@@ -12,6 +12,7 @@
  * the end (kv_blocks_free == total from the stats snapshot).
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -563,6 +564,91 @@ static void test_drain_and_wait_idle_timeout(void **st) {
     h_free(&h);
 }
 
+/* Client threads submitting, reading, aborting mid-stream and releasing
+ * early while the engine thread runs (the HTTP disconnect pattern). Finished
+ * requests equal the reference; afterwards nothing runs or waits and every
+ * block is free. (Run under ThreadSanitizer by hand; clean.) */
+typedef struct client_arg {
+    harness *h;
+    int id;
+    int finished_ok, aborted;
+} client_arg;
+
+static void *client_main(void *arg) {
+    client_arg *c = arg;
+    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(c->id + 1);
+    for (int n = 0; n < 25; n++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int32_t p[24];
+        int32_t len = 3 + (int32_t)(x % 20), maxt = 4 + (int32_t)((x >> 8) % 20);
+        make_prompt(p, len, c->id * 100 + n);
+        engine_request rq;
+        memset(&rq, 0, sizeof rq);
+        sampling_params_init(&rq.sp);
+        rq.sp.temperature = 0.0f;
+        rq.sp.max_tokens = maxt;
+        rq.prompt = p;
+        rq.n_prompt = (size_t)len;
+        engine_stream *s = engine_submit(c->h->e, &rq, NULL, NULL, NULL, NULL);
+        if (!s) continue;
+        int mode = (int)((x >> 16) % 4); /* 0: abort after the first output, 1: release at once, else read all */
+        if (mode == 1) {
+            engine_stream_release(s);
+            c->aborted++;
+            continue;
+        }
+        collected col = {0};
+        engine_output *o;
+        bool done = false;
+        while (!done && engine_stream_wait(s, &o, 10.0)) {
+            for (size_t i = 0; i < o->n_tokens; i++) col.toks[col.n++] = o->token_ids[i];
+            col.fin = o->finish;
+            done = o->finish != FINISH_NONE;
+            engine_output_free(o);
+            if (mode == 0 && !done) {
+                engine_stream_abort(s);
+                mode = 2;
+            }
+        }
+        if (col.fin == FINISH_LENGTH) {
+            int32_t ref[64];
+            int32_t nr = fake_reference_greedy(p, len, maxt, 0, false, ref);
+            if (col.n == nr && memcmp(col.toks, ref, (size_t)nr * sizeof *ref) == 0) c->finished_ok++;
+        } else if (col.fin == FINISH_ABORT) {
+            c->aborted++;
+        }
+        engine_stream_release(s);
+    }
+    return NULL;
+}
+
+static void test_client_threads_abort_stress(void **st) {
+    (void)st;
+    harness h;
+    h_init(&h, 24, 4, 64, 6, 24, true);
+    h.f.sleep_us = 200;
+    specd_err err = {0};
+    assert_int_equal(engine_start(h.e, &err), 0);
+    pthread_t th[4];
+    client_arg ca[4];
+    for (int i = 0; i < 4; i++) {
+        ca[i] = (client_arg){.h = &h, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &ca[i]), 0);
+    }
+    int ok = 0, aborted = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ok += ca[i].finished_ok;
+        aborted += ca[i].aborted;
+    }
+    printf("stress: %d finished equal to the reference, %d aborted, of 100\n", ok, aborted);
+    assert_int_equal(ok + aborted, 100);
+    assert_true(ok > 20 && aborted > 10);
+    assert_int_equal(engine_wait_idle(h.e, 10.0), 0);
+    assert_all_free(&h);
+    h_free(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_request_matches_reference),
@@ -577,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_thread_concurrent),
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_drain_and_wait_idle_timeout),
+        cmocka_unit_test(test_client_threads_abort_stress),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
