@@ -252,6 +252,12 @@ int specd_serve_main(int argc, char **argv) {
         LOG_ERROR("specd serve: warm-up: %s", err.msg);
         goto out;
     }
+    if (atomic_load(&ctx.stop)) { /* SIGTERM while loading: never report READY */
+        LOG_INFO("stopping before serving (signal received while loading)");
+        NOTIFY("STOPPING=1");
+        exit_code = 0;
+        goto out;
+    }
     char name[256];
     specd_model_name(model_path, &cfg, name, sizeof name);
     http_attach_engine(srv, b.eng, name, model_path, b.max_model_len);
