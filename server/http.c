@@ -379,7 +379,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     free(r);
 }
 
-static void log_mhd(void *cls, const char *fmt, va_list ap) {
+/* MHD's logger passes its own printf format: forward it. */
+__attribute__((format(printf, 2, 0))) static void log_mhd(void *cls, const char *fmt, va_list ap) {
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     size_t n = strlen(buf);
