@@ -36,10 +36,22 @@ static int32_t g_prompts[NREQ][64], g_len[NREQ], g_ref[NREQ][MAX_NEW];
 
 static int real_forward(void *ctx, const model_batch *b, specd_err *err) { return model_forward(ctx, b, err); }
 
-/* a detokenizer that produces no text (the token stream is under test) */
+/* a detokenizer writing "t" per token (the token stream is under test) */
 static void *dt_create(void *ctx, bool skip) { (void)ctx, (void)skip; return malloc(1); }
 static void dt_destroy(void *s) { free(s); }
-static int dt_push(void *s, int32_t id, char **o, size_t *l, size_t *c) { (void)s, (void)o, (void)l, (void)c; return id < 0 ? -1 : 0; }
+static int dt_push(void *s, int32_t id, char **o, size_t *l, size_t *c) {
+    (void)s;
+    if (id < 0) return -1;
+    if (*l + 2 > *c) {
+        char *nb = realloc(*o, *c + 64);
+        if (!nb) return -1;
+        *o = nb;
+        *c += 64;
+    }
+    (*o)[(*l)++] = 't';
+    (*o)[*l] = 0;
+    return 0;
+}
 static int dt_flush(void *s, char **o, size_t *l, size_t *c) { (void)s, (void)o, (void)l, (void)c; return 0; }
 
 static void reference_decode(int r) {
