@@ -289,60 +289,119 @@ static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const flo
     return acc + accm;
 }
 
-/* ------------------------------------------------- fused block dots (AVX2)
- * Block formats dequantize in registers (no store of the unpacked row). The
- * per-token operation sequence is the same in the 1- and 4-token variants:
- *   s = q0*x0; s = fma(q1,x1,s); s = fma(q2,x2,s); s = fma(q3,x3,s);
- *   acc = fma(d, s, acc); accm += m * xs_b;   y = hsum(acc) + accm.
- * (Q8_0 has no m term.) */
+/* ------------------------------------------------------ fused dots (AVX2)
+ * The weight row is dequantized in registers, 32 values at a time, to the f32
+ * weights w = d*q + m (Q4_1), d*(q-8) (Q4_0), d*q (Q8_0), or the bf16 / f16 /
+ * f32 values themselves, and dotted with 1 or 4 activation rows. Per token the
+ * sequence is always: for each 32-block, a = fma(w0,x0,a); b = fma(w1,x1,b);
+ * a = fma(w2,x2,a); b = fma(w3,x3,b); then y = hsum(a + b) (+ a scalar tail
+ * for plain rows whose length is not a multiple of 32). The 1- and 4-token
+ * (and 2-, 3-token) variants execute exactly this sequence per token, so y does not depend on
+ * how many tokens share the step (batch invariance), and the 4-token variant
+ * decodes each weight block once for four tokens (verify / prefill).
+ * Two accumulators per token break the FMA latency chain. */
 
-__attribute__((target("avx2,fma,f16c"))) static inline void q4_load(const uint8_t *nib, __m256 *q) {
+typedef enum { FK_Q8_0, FK_Q4_0, FK_Q4_1, FK_F32, FK_BF16, FK_F16 } fused_kind;
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void fused_load(fused_kind k, const uint8_t *w, int64_t b,
+                                                                        __m256 *v) {
     const __m128i lomask = _mm_set1_epi8(0x0f);
-    __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)nib);
-    __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
-    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    switch (k) {
+    case FK_Q4_0:
+    case FK_Q4_1: {
+        const uint8_t *blk = w + (size_t)b * (k == FK_Q4_1 ? 20 : 18);
+        uint16_t d16, m16 = 0;
+        memcpy(&d16, blk, 2);
+        if (k == FK_Q4_1) memcpy(&m16, blk + 2, 2);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (k == FK_Q4_1 ? 4 : 2)));
+        __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
+        __m256 q[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))};
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
+        if (k == FK_Q4_1) {
+            const __m256 m = _mm256_set1_ps(_cvtsh_ss(m16));
+            for (int i = 0; i < 4; i++) v[i] = _mm256_fmadd_ps(d, q[i], m);
+        } else {
+            const __m256 eight = _mm256_set1_ps(8.0f);
+            for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(d, _mm256_sub_ps(q[i], eight));
+        }
+        return;
+    }
+    case FK_Q8_0: {
+        const uint8_t *blk = w + (size_t)b * 34;
+        uint16_t d16;
+        memcpy(&d16, blk, 2);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                        _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * i)))));
+        return;
+    }
+    case FK_F32:
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps((const float *)(const void *)w + b * 32 + 8 * i);
+        return;
+    case FK_BF16:
+        for (int i = 0; i < 4; i++) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(w + 2 * (size_t)(b * 32 + 8 * i)));
+            v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+        return;
+    case FK_F16:
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(w + 2 * (size_t)(b * 32 + 8 * i))));
+        return;
+    }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static inline void q8_load(const uint8_t *qs, __m256 *q) {
-    for (int g = 0; g < 4; g++)
-        q[g] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(qs + 8 * g))));
+static inline float plain_at(fused_kind k, const uint8_t *w, int64_t i) {
+    uint16_t h;
+    switch (k) {
+    case FK_F32: { float f; memcpy(&f, w + 4 * i, 4); return f; }
+    case FK_BF16: memcpy(&h, w + 2 * i, 2); return bf16_to_f32(h);
+    default: memcpy(&h, w + 2 * i, 2); return fp16_to_f32(h);
+    }
 }
 
-/* KIND: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1 */
-#define DEF_DOT_FUSED(NT)                                                                                          \
-    __attribute__((target("avx2,fma,f16c"))) static void fdot##NT(int kind, const uint8_t *w, int64_t n,         \
-                                                               const float *x, size_t ldx, const float *xs,       \
-                                                               size_t ldxs, float *out) {                         \
-        const size_t bs = kind == 0 ? 34 : kind == 1 ? 18 : 20, qo = kind == 2 ? 4 : 2;                           \
-        __m256 acc[NT];                                                                                            \
-        float accm[NT];                                                                                            \
-        for (int u = 0; u < NT; u++) { acc[u] = _mm256_setzero_ps(); accm[u] = 0; }                              \
-        for (int64_t b = 0; b < n / 32; b++, w += bs) {                                                            \
-            uint16_t d16; memcpy(&d16, w, 2);                                                                      \
-            const float df = _cvtsh_ss(d16); /* F16C: exact, same value as fp16_to_f32 */                          \
-            float mf = 0;                                                                                          \
-            if (kind == 2) { uint16_t m16; memcpy(&m16, w + 2, 2); mf = _cvtsh_ss(m16); }                        \
-            else if (kind == 1) mf = -8.0f * df;                                                                   \
-            __m256 q[4];                                                                                           \
-            if (kind == 0) q8_load(w + qo, q); else q4_load(w + qo, q);                                            \
-            const __m256 d = _mm256_set1_ps(df);                                                                   \
+/* One function per (format, token count): the format is a compile-time
+ * constant so fused_load's switch folds away. */
+#define DEF_DOT_FUSED(NT, K)                                                                                       \
+    __attribute__((target("avx2,fma,f16c"))) static void fdot##NT##_##K(const uint8_t *w, int64_t n,             \
+                                                                     const float *x, size_t ldx, float *out) {    \
+        __m256 a[NT], bb[NT];                                                                                      \
+        for (int u = 0; u < NT; u++) { a[u] = _mm256_setzero_ps(); bb[u] = _mm256_setzero_ps(); }                \
+        const int64_t nb = n / 32;                                                                                 \
+        for (int64_t b = 0; b < nb; b++) {                                                                         \
+            __m256 v[4];                                                                                           \
+            fused_load(K, w, b, v);                                                                                \
             for (int u = 0; u < NT; u++) {                                                                         \
                 const float *xb = x + (size_t)u * ldx + b * 32;                                                    \
-                __m256 sv = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));                                              \
-                sv = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), sv);                                           \
-                sv = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), sv);                                          \
-                sv = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), sv);                                          \
-                acc[u] = _mm256_fmadd_ps(d, sv, acc[u]);                                                           \
-                if (kind) accm[u] += mf * xs[(size_t)u * ldxs + b];                                                \
+                a[u] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), a[u]);                                           \
+                bb[u] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), bb[u]);                                     \
+                a[u] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), a[u]);                                      \
+                bb[u] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), bb[u]);                                    \
             }                                                                                                      \
         }                                                                                                          \
-        for (int u = 0; u < NT; u++) out[u] = hsum8(acc[u]) + accm[u];                                             \
+        for (int u = 0; u < NT; u++) {                                                                             \
+            float s = hsum8(_mm256_add_ps(a[u], bb[u]));                                                           \
+            for (int64_t i = nb * 32; i < n; i++) s += plain_at(K, w, i) * x[(size_t)u * ldx + i];                 \
+            out[u] = s;                                                                                            \
+        }                                                                                                          \
     }
-DEF_DOT_FUSED(1)
-DEF_DOT_FUSED(4)
+#define DEF_DOT_KIND(K) DEF_DOT_FUSED(1, K) DEF_DOT_FUSED(2, K) DEF_DOT_FUSED(3, K) DEF_DOT_FUSED(4, K)
+DEF_DOT_KIND(FK_Q8_0)
+DEF_DOT_KIND(FK_Q4_0)
+DEF_DOT_KIND(FK_Q4_1)
+DEF_DOT_KIND(FK_F32)
+DEF_DOT_KIND(FK_BF16)
+DEF_DOT_KIND(FK_F16)
+
+typedef void (*fdot_fn)(const uint8_t *w, int64_t n, const float *x, size_t ldx, float *out);
+static const fdot_fn FDOT1[] = {fdot1_FK_Q8_0, fdot1_FK_Q4_0, fdot1_FK_Q4_1, fdot1_FK_F32, fdot1_FK_BF16, fdot1_FK_F16};
+static const fdot_fn FDOT2[] = {fdot2_FK_Q8_0, fdot2_FK_Q4_0, fdot2_FK_Q4_1, fdot2_FK_F32, fdot2_FK_BF16, fdot2_FK_F16};
+static const fdot_fn FDOT3[] = {fdot3_FK_Q8_0, fdot3_FK_Q4_0, fdot3_FK_Q4_1, fdot3_FK_F32, fdot3_FK_BF16, fdot3_FK_F16};
+static const fdot_fn FDOT4[] = {fdot4_FK_Q8_0, fdot4_FK_Q4_0, fdot4_FK_Q4_1, fdot4_FK_F32, fdot4_FK_BF16, fdot4_FK_F16};
 
 /* ---------------------------------------------------------------- matmul */
 
@@ -367,19 +426,27 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     const int avx2 = j->ctx->avx2;
     const float *x = j->x, *xs = j->xs;
     float *y = j->y;
-    const int kind = w->type == BK_W_Q8_0 ? 0 : w->type == BK_W_Q4_0 ? 1 : w->type == BK_W_Q4_1 ? 2 : -1;
+    const int kind = w->type == BK_W_Q8_0   ? FK_Q8_0
+                     : w->type == BK_W_Q4_0 ? FK_Q4_0
+                     : w->type == BK_W_Q4_1 ? FK_Q4_1
+                     : w->type == BK_W_F32  ? FK_F32
+                     : w->type == BK_W_BF16 ? FK_BF16
+                     : w->type == BK_W_F16  ? FK_F16
+                                            : -1;
     if (avx2 && kind >= 0) {
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             int32_t t = 0;
             float o4[4];
             for (; t + 4 <= j->T; t += 4) {
-                fdot4(kind, wr, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
+                FDOT4[kind](wr, cols, x + (size_t)t * cols, (size_t)cols, o4);
                 for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
             }
-            for (; t < j->T; t++) {
-                fdot1(kind, wr, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
-                y[(size_t)t * rows + r] = o4[0];
+            const int32_t rest = j->T - t; /* 0..3 tokens left: one pass over the row */
+            if (rest > 0) {
+                const fdot_fn f = rest == 1 ? FDOT1[kind] : rest == 2 ? FDOT2[kind] : FDOT3[kind];
+                f(wr, cols, x + (size_t)t * cols, (size_t)cols, o4);
+                for (int32_t u = 0; u < rest; u++) y[(size_t)(t + u) * rows + r] = o4[u];
             }
         }
         return;
@@ -408,7 +475,8 @@ int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float 
     /* Per-token block sums of x (a function of each activation row alone). */
     float *xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
     if (!xs) return -1;
-    for (int32_t t = 0; t < T; t++)
+    const int fused = ctx->avx2 && w->type != BK_W_I4G32; /* fused dots need no block sums */
+    for (int32_t t = 0; t < T && !fused; t++)
         for (int64_t b = 0; b < nb; b++) {
             float s = 0;
             for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];

@@ -1,0 +1,72 @@
+/*
+ * perf_model.c: target forward throughput at batch 1: prefill (one pass over
+ * P tokens), decode (one token per step), and a verify-shaped step (k+1
+ * tokens of one sequence in one pass), reported as wall tok/s and CPU ms per
+ * step (CPU time is what to compare on a shared machine).
+ *
+ * Usage: perf_model MODEL.gguf [threads=2] [prompt_len=128] [decode_steps=64]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model/model.h"
+
+static double now(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "usage: %s MODEL.gguf [threads] [prompt_len] [decode_steps]\n", argv[0]); return 2; }
+    int threads = argc > 2 ? atoi(argv[2]) : 2, P = argc > 3 ? atoi(argv[3]) : 128, D = argc > 4 ? atoi(argv[4]) : 64;
+    backend *be = bk_cpu_create(threads);
+    model_load_opts o = {.block_size = 16, .n_blocks = (P + D + 64) / 16 + 2};
+    model *m = NULL;
+    specd_err err = {{0}};
+    if (model_load(argv[1], be, &o, &m, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    const int V = model_get_config(m)->vocab, N = P + D + 16;
+    int32_t *tok = malloc(sizeof(int32_t) * N), *pos = malloc(sizeof(int32_t) * N), *seq = calloc(N, sizeof(int32_t));
+    int32_t *bt = malloc(sizeof(int32_t) * o.n_blocks), last = 0;
+    float *logits = malloc(sizeof(float) * V * 8);
+    for (int i = 0; i < o.n_blocks; i++) bt[i] = i;
+    for (int i = 0; i < N; i++) { tok[i] = 100 + (i * 7919) % 40000; pos[i] = i; }
+    const int32_t *bts[1] = {bt};
+    model_batch b = {.n_tokens = P, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = 1, .block_tables = bts,
+                     .n_out = 1, .out_idx = &last, .logits = logits};
+    last = P - 1;
+    double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    if (model_forward(m, &b, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    double w1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_PROCESS_CPUTIME_ID);
+    printf("prefill %d tokens: %.1f tok/s wall, %.2f ms CPU/token\n", P, P / (w1 - w0), 1e3 * (c1 - c0) / P);
+    int32_t zero = 0;
+    w0 = now(CLOCK_MONOTONIC); c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    for (int s = 0; s < D; s++) {
+        model_batch d = {.n_tokens = 1, .tokens = tok + P + s, .pos = pos + P + s, .seq_of = seq, .n_seqs = 1,
+                         .block_tables = bts, .n_out = 1, .out_idx = &zero, .logits = logits};
+        if (model_forward(m, &d, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    }
+    w1 = now(CLOCK_MONOTONIC); c1 = now(CLOCK_PROCESS_CPUTIME_ID);
+    double dec_cpu = 1e3 * (c1 - c0) / D;
+    printf("decode %d steps: %.1f tok/s wall, %.2f ms CPU/step\n", D, D / (w1 - w0), dec_cpu);
+    for (int k = 1; k <= 7; k += 2) { /* verify: k+1 tokens, logits at all of them */
+        int32_t oi[8];
+        for (int i = 0; i <= k; i++) oi[i] = i;
+        int reps = 8;
+        c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+        for (int r = 0; r < reps; r++) {
+            model_batch v = {.n_tokens = k + 1, .tokens = tok + P, .pos = pos + P, .seq_of = seq, .n_seqs = 1,
+                             .block_tables = bts, .n_out = k + 1, .out_idx = oi, .logits = logits};
+            if (model_forward(m, &v, &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        }
+        c1 = now(CLOCK_PROCESS_CPUTIME_ID);
+        double ms = 1e3 * (c1 - c0) / reps;
+        printf("verify k=%d (%d tokens): %.2f ms CPU/step = %.2fx a decode step\n", k, k + 1, ms, ms / dec_cpu);
+    }
+    model_destroy(m);
+    bk_cpu_destroy(be);
+    free(tok); free(pos); free(seq); free(bt); free(logits);
+    return 0;
+}
