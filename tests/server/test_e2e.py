@@ -529,6 +529,33 @@ def test_prefix_caching_same_outputs(srv):
         assert s2.stop() == 0, s2.read_log()
 
 
+# ------------------------------------------------------- connection limits
+def test_connection_limits():
+    s4 = Server(["--per-ip-connections", "3", "--connection-timeout", "2"])
+    try:
+        idle = [socket.create_connection(("127.0.0.1", s4.port), timeout=10) for _ in range(3)]
+        # a 4th connection from this address is accepted by the kernel and closed by the server at once
+        extra = socket.create_connection(("127.0.0.1", s4.port), timeout=10)
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            got = extra.recv(4096)
+        except ConnectionResetError:
+            got = b""
+        assert got == b"", got
+        extra.close()
+        # idle connections are closed after --connection-timeout (2 s)
+        time.sleep(4)
+        for sock in idle:
+            try:
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+            sock.close()
+        assert s4.raw("GET", "/health", auth=False)[0] == 200
+    finally:
+        assert s4.stop() == 0, s4.read_log()
+
+
 # ------------------------------------------------------ speculative decoding
 def test_draft_lossless_concurrent_with_prefix_caching(srv):
     """--draft with a random EAGLE-3 head (tools/eagle3/make_random_head.py, seed 1): greedy outputs equal the
