@@ -314,7 +314,7 @@ static const char *type_meta(const cfg_option *o) {
     case CFG_INT:
     case CFG_I64: return "N";
     case CFG_BYTES: return "BYTES";
-    case CFG_DOUBLE: return "SECONDS";
+    case CFG_DOUBLE: return "NUM";
     case CFG_BOOL: return "";
     }
     return "";
