@@ -74,6 +74,16 @@ int dsv3_set_mla_absorbed(model *m, bool absorbed);
  * of the text model. */
 int dsv3_tensor_parallel(const char *name);
 
+/* noaux_tc routing of one token (docs/kimi-k2.5.md MoE; transformers
+ * DeepseekV3TopkRouter): logits f32 [E] (router matmul output), bias f32 [E]
+ * -> ids[k] (selection order: best choice first), w[k]. s = sigmoid(logit);
+ * choice = s + bias; with n_group > 1 each group is scored by the sum of its
+ * two best choices and all but the topk_group best groups are masked (-inf);
+ * the top-k experts by choice (ties: lower index); weights = s of the chosen
+ * (the bias is for selection only) / (sum + 1e-20) if norm_topk_prob, times
+ * routed_scaling_factor. scratch: 2E floats. */
+void dsv3_route(const hf_config *c, const float *logits, const float *bias, float *scratch, int32_t *ids, float *w);
+
 /* YaRN inverse frequencies [r/2] in float32 exactly as transformers computes
  * them (_compute_yarn_parameters), plus the cos/sin attention factor and the
  * softmax scale. Without YaRN: theta^(-2i/r), 1, (n+r)^-0.5. */

@@ -157,12 +157,9 @@ done:
 
 /* ------------------------------------------------------------ MoE */
 
-/* noaux_tc routing of one token: logits [E] -> ids[k], w[k] (docs/kimi-k2.5.md MoE).
- * s = sigmoid(logit); choice = s + bias; the n_group groups scored by the sum of
- * their two best choices, the topk_group best kept; top-k experts by choice
- * (ties: lower index); weights = s / (sum s + 1e-20) * routed_scaling_factor. */
-static void moe_route(const hf_config *c, const float *logits, const float *bias, float *sc, float *choice,
-                      int32_t *ids, float *w) {
+/* dsv3_route (deepseek_v3.h): noaux_tc routing of one token. */
+void dsv3_route(const hf_config *c, const float *logits, const float *bias, float *scratch, int32_t *ids, float *w) {
+    float *sc = scratch, *choice = scratch + c->n_routed_experts;
     const int32_t E = c->n_routed_experts, k = c->n_experts_per_tok, G = c->n_group, per = E / G;
     for (int32_t e = 0; e < E; e++) {
         sc[e] = 1.0f / (1.0f + expf(-logits[e]));
@@ -241,7 +238,7 @@ static int moe_forward(model *m, int32_t l, const float *h, int32_t T, float *y,
     /* router: f32 logits, per-token selection */
     if (op->matmul(bx, &Y->router, h, T, logits)) { specd_err_set(err, "matmul failed"); goto done; }
     for (int32_t t = 0; t < T; t++)
-        moe_route(c, logits + (size_t)t * E, Y->router_bias, scr, scr + E, ids + (size_t)t * k, w + (size_t)t * k);
+        dsv3_route(c, logits + (size_t)t * E, Y->router_bias, scr, ids + (size_t)t * k, w + (size_t)t * k);
     /* routed experts in ascending id, each on its tokens; y[t] accumulates in that order */
     memset(y, 0, sizeof(float) * (size_t)T * H);
     for (int32_t e = 0; e < E; e++) {
