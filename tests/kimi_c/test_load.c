@@ -215,6 +215,40 @@ static void test_mismatched_config_refused(void **st) {
     rmdir(dir);
 }
 
+/* The real Kimi-K2.5 config (tools/kimi/kimi_k25_config.json): parsed, and its YaRN
+ * numbers as docs/kimi-k2.5.md gives them from transformers' formulas: ramp bounds
+ * low 8 / high 20 over the 32 pairs, softmax scale 192^-0.5 * 1.41589^2 = 0.144680,
+ * cos/sin factor 1. */
+static void test_real_kimi_config(void **st) {
+    (void)st;
+    char dir[] = "/tmp/kimi_c_realcfg_XXXXXX", a[1200], b[1200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(a, sizeof a, "%s/tools/kimi/kimi_k25_config.json", getenv("SPECD_SOURCE_DIR"));
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    assert_int_equal(symlink(a, b), 0);
+    hf_config c;
+    specd_err err = {{0}};
+    assert_int_equal(hf_config_load(dir, &c, &err), 0);
+    unlink(b);
+    rmdir(dir);
+    assert_true(c.hidden == 7168 && c.n_layers == 61 && c.vocab == 163840 && c.n_heads == 64);
+    assert_true(c.n_routed_experts == 384 && c.n_experts_per_tok == 8 && c.n_shared_experts == 1 &&
+                c.first_k_dense == 1 && c.moe_intermediate == 2048 && c.intermediate == 18432);
+    assert_true(c.q_lora_rank == 1536 && c.kv_lora_rank == 512 && c.qk_nope == 128 && c.qk_rope == 64 && c.v_head == 128);
+    assert_true(c.quant.present && c.quant.group_size == 32);
+    float inv[32], att, scale;
+    dsv3_rope_params(&c, inv, &att, &scale);
+    assert_true(fabs(scale - 0.144680) < 5e-7);
+    assert_true(att == 1.0f);
+    for (int i = 0; i < 32; i++) {
+        const float extra = 1.0f / powf(50000.0f, (float)(2 * i) / 64.0f);
+        if (i <= 8) assert_true(inv[i] == extra);                      /* ramp 0: extrapolation */
+        else if (i >= 20) assert_true(inv[i] == 1.0f / (64.0f * powf(50000.0f, (float)(2 * i) / 64.0f)));
+        else assert_true(inv[i] < extra && inv[i] > extra / 64);        /* blended */
+    }
+    printf("kimi_c_load: real Kimi-K2.5 config: softmax scale %.6f, YaRN ramp 8..20\n", (double)scale);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_configs),
@@ -222,6 +256,7 @@ int main(void) {
         cmocka_unit_test(test_layouts_identical),
         cmocka_unit_test(test_parallel_styles),
         cmocka_unit_test(test_mismatched_config_refused),
+        cmocka_unit_test(test_real_kimi_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
