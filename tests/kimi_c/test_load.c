@@ -10,7 +10,9 @@
  *     model.*) load and give bit-identical logits;
  *   - every tensor of the checkpoint has a declared parallel style, and the
  *     styles are REFERENCE section 1's;
- *   - a config that disagrees with the weights is refused naming the tensor.
+ *   - a config that disagrees with the weights is refused naming the tensor;
+ *   - vision-tower tensors in an extra shard are ignored (same logits);
+ *   - the real Kimi-K2.5 config parses, with its YaRN numbers.
  */
 #include <jansson.h>
 #include <math.h>
@@ -249,6 +251,61 @@ static void test_real_kimi_config(void **st) {
     printf("kimi_c_load: real Kimi-K2.5 config: softmax scale %.6f, YaRN ramp 8..20\n", (double)scale);
 }
 
+/* A checkpoint that also holds vision-tower tensors (an extra shard listed in the
+ * index, as Kimi-K2.5 ships them) loads, ignores them, and computes the same logits. */
+static void test_vision_tensors_ignored(void **st) {
+    (void)st;
+    const char *src = kc_mini_dir("k25");
+    char dir[] = "/tmp/kimi_c_vision_XXXXXX", a[1200], b[1200];
+    assert_non_null(mkdtemp(dir));
+    static const char *const LINKS[] = {"config.json", "model-00001-of-00004.safetensors",
+                                        "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
+                                        "model-00004-of-00004.safetensors"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, LINKS[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, LINKS[i]);
+        assert_int_equal(symlink(a, b), 0);
+    }
+    uint16_t vw[16] = {0};
+    const int64_t s44[2] = {4, 4}, s22[2] = {2, 2};
+    const st_write_tensor vt[2] = {{"vision_tower.patch_embed.proj.weight", ST_BF16, 2, s44, vw},
+                                   {"mm_projector.proj.0.weight", ST_BF16, 2, s22, vw}};
+    specd_err err = {{0}};
+    snprintf(b, sizeof b, "%s/model-vision.safetensors", dir);
+    assert_int_equal(st_write(b, vt, 2, NULL, &err), 0);
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", src);
+    json_error_t je;
+    json_t *idx = json_load_file(a, 0, &je);
+    assert_non_null(idx);
+    json_t *wm = json_object_get(idx, "weight_map");
+    json_object_set_new(wm, vt[0].name, json_string("model-vision.safetensors"));
+    json_object_set_new(wm, vt[1].name, json_string("model-vision.safetensors"));
+    snprintf(b, sizeof b, "%s/model.safetensors.index.json", dir);
+    assert_int_equal(json_dump_file(idx, b, 0), 0);
+    json_decref(idx);
+    json_t *fx = kc_fixture("mini_logits.json");
+    int n;
+    int32_t *ids = kc_ids(json_object_get(json_array_get(json_object_get(fx, "prompts"), 2), "ids"), &n);
+    backend *be = bk_cpu_create(0);
+    model *m1 = kc_load(be, src, 1), *m2 = kc_load(be, dir, 1);
+    const int V = model_get_config(m1)->vocab;
+    float *l1 = malloc(sizeof(float) * (size_t)n * V), *l2 = malloc(sizeof(float) * (size_t)n * V);
+    assert_int_equal(kc_run(m1, 0, ids, n, 0, l1, NULL, 0, NULL, NULL), 0);
+    assert_int_equal(kc_run(m2, 0, ids, n, 0, l2, NULL, 0, NULL, NULL), 0);
+    assert_memory_equal(l1, l2, sizeof(float) * (size_t)n * V);
+    model_destroy(m1);
+    model_destroy(m2);
+    bk_cpu_destroy(be);
+    free(l1); free(l2); free(ids);
+    json_decref(fx);
+    for (int i = 0; i < 5; i++) { snprintf(b, sizeof b, "%s/%s", dir, LINKS[i]); unlink(b); }
+    snprintf(b, sizeof b, "%s/model-vision.safetensors", dir);
+    unlink(b);
+    snprintf(b, sizeof b, "%s/model.safetensors.index.json", dir);
+    unlink(b);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_configs),
@@ -257,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_parallel_styles),
         cmocka_unit_test(test_mismatched_config_refused),
         cmocka_unit_test(test_real_kimi_config),
+        cmocka_unit_test(test_vision_tensors_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
