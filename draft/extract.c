@@ -142,7 +142,7 @@ done:
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: specd extract --target MODEL.gguf --data CONVS.jsonl --out DUMP_DIR\n"
+            "usage: specd extract --target MODEL.gguf --data CONVS.jsonl [--data MORE.jsonl ...] --out DUMP_DIR\n"
             "         [--max-seq-len 2048] [--shard-samples 128] [--num-samples N] [--threads N]\n"
             "  One prefill pass per conversation ({\"messages\": [...]} lines, chat template applied);\n"
             "  writes token ids, the assistant loss mask, aux hidden states entering layers\n"
@@ -151,14 +151,18 @@ static void usage(void) {
 }
 
 int extract_main(int argc, char **argv) {
-    const char *target = NULL, *data = NULL, *out = NULL;
+    const char *target = NULL, *out = NULL, *datas[16];
+    int n_data = 0;
     long max_len = 2048, shard_samples = 128, num_samples = -1, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         if (!v) { usage(); return 2; }
         if (!strcmp(a, "--target")) target = v;
-        else if (!strcmp(a, "--data")) data = v;
+        else if (!strcmp(a, "--data")) {
+            if (n_data == 16) { fprintf(stderr, "specd extract: at most 16 --data files\n"); return 2; }
+            datas[n_data++] = v;
+        }
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--max-seq-len")) max_len = strtol(v, NULL, 10);
         else if (!strcmp(a, "--shard-samples")) shard_samples = strtol(v, NULL, 10);
@@ -167,7 +171,7 @@ int extract_main(int argc, char **argv) {
         else { fprintf(stderr, "specd extract: unknown flag %s\n", a); usage(); return 2; }
         i++;
     }
-    if (!target || !data || !out || max_len < 2 || max_len > (1 << 20) || shard_samples < 1) { usage(); return 2; }
+    if (!target || !n_data || !out || max_len < 2 || max_len > (1 << 20) || shard_samples < 1) { usage(); return 2; }
     specd_err err = {{0}};
     backend *be = bk_cpu_create((int)threads);
     ex_run r = {.out_dir = out};
@@ -202,11 +206,17 @@ int extract_main(int argc, char **argv) {
         json_decref(old);
         LOG_INFO("extract: resuming after %lld samples", (long long)skip);
     }
-    f = fopen(data, "r");
-    if (!f) { fprintf(stderr, "specd extract: %s: %s\n", data, strerror(errno)); goto done; }
     int64_t lineno = 0, accepted = 0, skipped = 0, new_tokens = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* Files are read in the order given; samples are numbered across them, so a
+     * resumed run must list the same files in the same order (files may grow). */
+    for (int fi = 0; fi < n_data; fi++) {
+    const char *data = datas[fi];
+    if (f) fclose(f);
+    lineno = 0;
+    f = fopen(data, "r");
+    if (!f) { fprintf(stderr, "specd extract: %s: %s\n", data, strerror(errno)); goto done; }
     while (getline(&line, &cap, f) > 0) {
         lineno++;
         if (num_samples >= 0 && accepted >= num_samples) break;
@@ -266,6 +276,7 @@ int extract_main(int argc, char **argv) {
             LOG_INFO("extract: %lld samples, %lld tokens (%.0f tokens/s)", (long long)r.n_samples, (long long)r.n_tokens,
                      (double)new_tokens / dt);
         }
+    }
     }
     if (flush_shard(&r, &err) < 0) { fprintf(stderr, "specd extract: %s\n", err.msg); goto done; }
     if (write_manifest(&r, &err) < 0) { fprintf(stderr, "specd extract: %s\n", err.msg); goto done; }

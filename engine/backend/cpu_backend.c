@@ -8,6 +8,7 @@
  * its own inputs; OpenMP splits tokens / heads / rows, never a reduction.
  * Threading: called from the engine thread; parallel inside with OpenMP.
  */
+#include <cpuid.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,8 +230,21 @@ backend *bk_cpu_create(int n_threads) {
         free(ctx);
         return NULL;
     }
-    __builtin_cpu_init();
-    ctx->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    /* CPUID: leaf 1 ECX bit 12 FMA, bit 29 F16C, bit 27 OSXSAVE; leaf 7 EBX bit 5 AVX2; and
+     * XGETBV must show the OS saves YMM state (bits 1-2). Portable across gcc and clang. */
+    unsigned a, bx, c, d;
+    int fma = 0, f16c = 0, avx2 = 0, ymm = 0;
+    if (__get_cpuid(1, &a, &bx, &c, &d)) {
+        fma = (c >> 12) & 1;
+        f16c = (c >> 29) & 1;
+        if ((c >> 27) & 1) {
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ymm = (lo & 6) == 6;
+        }
+    }
+    if (__get_cpuid_count(7, 0, &a, &bx, &c, &d)) avx2 = (bx >> 5) & 1;
+    ctx->avx2 = fma && f16c && avx2 && ymm;
     const char *force = getenv("SPECD_CPU_PORTABLE");
     if (force && *force == '1') ctx->avx2 = 0;
     if (n_threads <= 0) {
