@@ -14,6 +14,7 @@ All three hold the same numbers (values depend only on seed and canonical name).
 sha256 of make_mini.py skips regeneration when nothing changed. Exits 77 (skip) without numpy.
 """
 import hashlib
+import json
 import os
 import sys
 
@@ -27,8 +28,16 @@ def make_head(out: str) -> None:
     import make_random_head as mrh
     mrh.H, mrh.HEADS, mrh.KV_HEADS, mrh.HEAD_DIM, mrh.INTER = 128, 4, 4, 32, 256
     mrh.TARGET_VOCAB, mrh.DRAFT_VOCAB, mrh.N_LAYERS = 163840, 32000, 6
-    mrh.AUX_IDS = [0, 2, 4]    # eagle_config ids: outputs of layers 0, 2, 4 = inputs of 1, 3, 5
+    mrh.AUX_IDS = [1, 3, 5]    # inputs of layers 1, 3, 5
     mrh.write_head(out, "eagle", 0)
+    # the ids written explicitly, whatever convention the generator's version writes:
+    # eagle_config ids are layer OUTPUTS (SpecForge/SGLang; docs/draft.md): 0, 2, 4
+    path = os.path.join(out, "config.json")
+    cfg = json.load(open(path))
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 2, 4]
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
 
 
 def main() -> int:
@@ -43,7 +52,7 @@ def main() -> int:
     gen = os.path.join(ROOT, "tools", "kimi", "make_mini.py")
     head_gen = os.path.join(ROOT, "tools", "eagle3", "make_random_head.py")
     h = hashlib.sha256(open(gen, "rb").read() + open(head_gen, "rb").read()).hexdigest()
-    stamp_text = h + " seed 0 v2\n"
+    stamp_text = h + " seed 0 v3\n"
     stamp = os.path.join(out, "stamp")
     if os.path.exists(stamp) and open(stamp).read() == stamp_text:
         print(f"miniatures in {out} are current")
