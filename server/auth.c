@@ -4,6 +4,7 @@
  */
 #include "server/auth.h"
 
+#include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 #include <pthread.h>
@@ -29,10 +30,12 @@ bool auth_equal(const char *a, size_t alen, const char *b, size_t blen) {
 /* Reads the first line of PATH, trailing CR/LF/space/tab stripped, hashed into OUT. */
 static int read_key_file(const char *path, unsigned char out[SHA256_DIGEST_LENGTH], specd_err *err) {
     FILE *f = fopen(path, "r");
-    if (!f) return specd_err_set(err, "api key file %s: cannot open", path);
+    if (!f) return specd_err_set(err, "api key file %s: cannot open: %s", path, strerror(errno));
     char line[4096];
     if (!fgets(line, sizeof line, f)) {
+        int e = ferror(f) ? errno : 0; /* a directory opens but fails to read (EISDIR) */
         fclose(f);
+        if (e) return specd_err_set(err, "api key file %s: cannot read: %s", path, strerror(e));
         return specd_err_set(err, "api key file %s: empty", path);
     }
     fclose(f);
