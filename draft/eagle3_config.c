@@ -163,7 +163,7 @@ static int parse_obj(const json_t *root, eagle3_config *c, specd_err *err) {
     c->draft_vocab = (int32_t)dv;
     c->target_vocab = (int32_t)tv;
     c->max_pos = (int32_t)mp;
-    double eps;
+    double eps = 1e-6;
     if (get_num(lc, "rms_norm_eps", 1e-6, &eps, NULL, err) < 0) return -1;
     if (!(eps > 0) || eps > 1) return specd_err_set(err, "config.json: rms_norm_eps %g is out of range", eps);
     c->rms_eps = (float)eps;

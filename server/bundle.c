@@ -60,9 +60,8 @@ static void specd_probe_cuda(void) {
 
 static int load_tokenizer(const char *model_path, const gguf_file *g, specd_bundle *b, specd_err *err) {
     if (g) return tok_create_from_gguf(g, &b->tok, err);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
-    return tok_create_from_hf(path, &b->tok, err);
+    /* HF directory: tokenizer.json, or a tiktoken ranks file (Kimi) */
+    return tok_create_from_dir(model_path, &b->tok, err);
 }
 
 int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, specd_bundle *b, specd_err *err) {

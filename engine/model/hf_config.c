@@ -183,7 +183,7 @@ static int parse_deepseek(const json_t *t, hf_config *c, specd_err *err) {
         cfg_bool(t, "tie_word_embeddings", false, &c->tie_embeddings, err) < 0 ||
         cfg_num(t, "rms_norm_eps", 1e-6, 1e-12, 1.0, &c->rms_eps, err) < 0)
         return -1;
-    double rsf;
+    double rsf = 1.0;
     if (cfg_num(t, "routed_scaling_factor", 1.0, 1e-6, 1e6, &rsf, err) < 0) return -1;
     c->routed_scaling = (float)rsf;
     if (parse_rope(t, c, err) < 0) return -1;

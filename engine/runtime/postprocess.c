@@ -120,7 +120,7 @@ size_t post_holdback(const char *text, size_t len, char *const *stop, size_t n_s
 /* Emits pending[0..n) into the delta and drops it from pending. */
 static int emit(post_state *s, post_delta *d, size_t n) {
     if (buf_append(&d->text, &d->text_len, &d->text_cap, s->pending, n) != 0) return -1;
-    memmove(s->pending, s->pending + n, s->pending_len - n);
+    if (s->pending_len > n) memmove(s->pending, s->pending + n, s->pending_len - n);
     s->pending_len -= n;
     if (s->pending) s->pending[s->pending_len] = '\0';
     return 0;
