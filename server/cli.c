@@ -188,6 +188,19 @@ int specd_generate_main(int argc, char **argv) {
             ttft > 0 ? (double)n_ids / ttft : 0.0, n_completion,
             (n_completion > 1 && dec > 0) ? (double)(n_completion - 1) / dec : 0.0,
             oai_finish_str(fin) ? oai_finish_str(fin) : "?");
+    engine_stats es;
+    engine_get_stats(b.eng, &es);
+    if (es.spec_num_drafts_total > 0) {
+        /* acceptance length = 1 + accepted / drafts (REFERENCE §3, peer naming) */
+        fprintf(stderr, "speculation: k=%d, %lld drafts, %lld draft tokens, %lld accepted; acceptance length %.2f, "
+                        "acceptance rate %.3f; per position:", es.spec_max_k, (long long)es.spec_num_drafts_total,
+                (long long)es.spec_num_draft_tokens_total, (long long)es.spec_num_accepted_tokens_total,
+                1.0 + (double)es.spec_num_accepted_tokens_total / (double)es.spec_num_drafts_total,
+                es.spec_num_draft_tokens_total ? (double)es.spec_num_accepted_tokens_total / (double)es.spec_num_draft_tokens_total : 0.0);
+        for (int i = 0; i < es.spec_max_k && i < 16; i++)
+            fprintf(stderr, " %.3f", (double)es.spec_accepted_per_pos_total[i] / (double)es.spec_num_drafts_total);
+        fputc('\n', stderr);
+    }
     rc = fin == FINISH_ERROR ? 1 : 0;
 out:
     if (s) engine_stream_release(s);
