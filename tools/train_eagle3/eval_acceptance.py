@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Held-out acceptance of an EAGLE-3 head, measured on the real server.
+
+For each k: starts `specd serve MODEL --draft HEAD --num-speculative-tokens k`,
+sends the first N questions of a prompt set as chat requests (greedy,
+--max-tokens), and reads the spec-decode counters from /metrics:
+acceptance length = 1 + accepted / drafts, per-position acceptance =
+accepted_per_pos[i] / drafts. k = 0 is the plain baseline (output tok/s).
+Stdlib only.
+
+Usage: eval_acceptance.py --head DIR [--model GGUF] [--set gsm8k_test|mt_bench] [--n 200]
+         [--ks 0,1,2,3,4,5] [--max-tokens 128] [--concurrency 1] [--out results.json]
+"""
+import argparse, concurrent.futures as cf, json, os, re, signal, socket, subprocess, sys, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def questions(name, n):
+    path = os.path.join(ROOT, "../shared/data/prompts", name + ".jsonl")
+    out = []
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line)
+            out.append(o["question"] if "question" in o else o["turns"][0])
+            if len(out) >= n:
+                break
+    return out
+
+
+def metrics(base):
+    text = urllib.request.urlopen(base + "/metrics").read().decode()
+    m, pos = {}, {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        g = re.match(r'specd_spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\} (\S+)', line)
+        if g:
+            pos[int(g.group(1))] = float(g.group(2))
+            continue
+        k, _, v = line.partition(" ")
+        try:
+            m[k] = float(v)
+        except ValueError:
+            pass
+    return m, pos
+
+
+def chat(base, q, max_tokens):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    r = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(r, timeout=7200) as resp:
+        return json.loads(resp.read())["usage"]["completion_tokens"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build/server/specd"))
+    ap.add_argument("--set", default="gsm8k_test")
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--ks", default="0,1,2,3,4,5")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    qs = questions(a.set, a.n)
+    results = []
+    for k in [int(x) for x in a.ks.split(",")]:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        cmd = [a.binary, "serve", a.model, "--port", str(port), "--served-model-name", "m",
+               "--threads", str(a.threads), "--kv-cache-memory", "512M"]
+        if k > 0:
+            cmd += ["--draft", a.head, "--num-speculative-tokens", str(k)]
+        srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):
+                try:
+                    if urllib.request.urlopen(base + "/health").status == 200:
+                        break
+                except Exception:
+                    time.sleep(0.5)
+            m0, p0 = metrics(base)
+            t0 = time.time()
+            with cf.ThreadPoolExecutor(a.concurrency) as ex:
+                toks = sum(ex.map(lambda q: chat(base, q, a.max_tokens), qs))
+            dt = time.time() - t0
+            m1, p1 = metrics(base)
+        finally:
+            srv.send_signal(signal.SIGTERM)
+            srv.wait(120)
+        d = lambda key: m1.get(key, 0) - m0.get(key, 0)
+        drafts, dtoks, acc = (d("specd_spec_decode_num_drafts_total"), d("specd_spec_decode_num_draft_tokens_total"),
+                              d("specd_spec_decode_num_accepted_tokens_total"))
+        r = {"k": k, "requests": len(qs), "completion_tokens": toks, "seconds": round(dt, 2),
+             "output_tok_s": round(toks / dt, 2)}
+        if k > 0 and drafts > 0:
+            r.update({"drafts": drafts, "draft_tokens": dtoks, "accepted": acc,
+                      "acceptance_length": round(1 + acc / drafts, 3), "acceptance_rate": round(acc / dtoks, 3),
+                      "per_position": [round((p1.get(i, 0) - p0.get(i, 0)) / drafts, 3) for i in range(k)]})
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"set": a.set, "n": a.n, "max_tokens": a.max_tokens, "head": a.head, "results": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
