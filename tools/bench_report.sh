@@ -121,7 +121,8 @@ if ! skipped llamacpp; then
     LLVER=$("$LLVENV/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)')
     BARGS=(--extra-body "$LL_EXTRA" --tokenize-fallback /extras/tokenize)
     run llamacpp "$LLVENV/bin/python" -m llama_cpp.server --model "$GGUF" --host 127.0.0.1 \
-      --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 2048 && FILES+=("$RESULTS/llamacpp.json")
+      --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 2048 --interrupt_requests False \
+      && FILES+=("$RESULTS/llamacpp.json")
   else
     echo "== llamacpp: skipped (no llama-cpp-python[server] in $LLVENV)"
   fi
@@ -192,7 +193,8 @@ w("- A 135M-parameter model is tiny: per-token work is small, so HTTP, JSON and 
   "than they would for a large model; speculation helps most when a decode step is bound by reading weights.")
 if "llamacpp" in names:
     w("- llama-cpp-python's server runs one request at a time (no continuous batching): at concurrency 8 requests "
-      "queue, which shows up in TTFT and E2E latency, not in TPOT. Its HTTP layer is Python (FastAPI/uvicorn).")
+      "queue (it runs with `--interrupt_requests False`; by default a new request cuts the running stream off), "
+      "which shows up in TTFT and E2E latency, not in TPOT. Its HTTP layer is Python (FastAPI/uvicorn).")
     w("- llama-cpp-python streams no `usage`, so its token counts come from re-tokenizing the generated text and the "
       "raw prompt through its `/extras/tokenize` endpoint (`--tokenize-fallback`): prompt counts exclude the chat "
       "template, and re-tokenized output counts can differ slightly from the tokens actually generated.")
