@@ -80,7 +80,11 @@ run() {
   SRV_PID=$!
   local ok=0
   for _ in $(seq 600); do
-    if curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1; then ok=1; break; fi
+    # ready = GET /health 200 (specd answers 503 while loading); a server without
+    # /health (llama-cpp-python: 404) is ready when GET /v1/models answers 200
+    local code; code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health" || true)
+    if [[ $code == 200 ]]; then ok=1; break; fi
+    if [[ $code == 404 ]] && curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1; then ok=1; break; fi
     kill -0 "$SRV_PID" 2>/dev/null || break
     sleep 0.5
   done
@@ -96,7 +100,10 @@ run() {
     --seed 0 --label "$name" --server-cmd "${cmd[*]}" \
     --save-result --result-filename "$RESULTS/$name.json" "${BARGS[@]}" \
     | tee "$RESULTS/logs/$name.bench.txt"
+  local rc=${PIPESTATUS[0]}
   stop_server
+  if ((rc)); then echo "bench_report: specd-bench failed ($rc) against $name" >&2; fi
+  return "$rc"
 }
 
 START=$(date -u +%FT%TZ)
