@@ -161,9 +161,11 @@ void engine_push_output(engine *e, sched_seq *s, const char *error) {
         s->plp = NULL;
         s->plp_sent = true;
     }
+    /* A client that reads /metrics right after its final chunk must see its
+     * tokens counted: publish before the final output becomes visible. */
+    if (o->finish != FINISH_NONE) engine_publish_stats(e);
     stream_push(s->stream, o);
 done:
-    (void)e;
     post_delta_reset(d);
     s->n_lp = 0;
 }
