@@ -70,7 +70,7 @@
 
 static backend *g_be;
 static model *g_model;
-static gguf_file *g_gguf_unused;
+static gguf_file *g_tok_gguf;
 static tokenizer *g_tok;
 static int g_np, g_max_new;
 static int32_t *g_prompt[MAXP];
@@ -207,7 +207,6 @@ static void reference_group(int p0, int n) {
 
 static int setup(void **state) {
     (void)state;
-    (void)g_gguf_unused;
     const bool full = getenv("SPECD_SPEC_FULL") && atoi(getenv("SPECD_SPEC_FULL")) == 1;
     int want = full ? 80 : 16;
     g_max_new = full ? 256 : 64;
@@ -231,7 +230,7 @@ static int setup(void **state) {
         fprintf(stderr, "tokenizer: %s\n", err.msg);
         return -1;
     }
-    g_gguf_unused = g;
+    g_tok_gguf = g;
     load_prompts(want);
     int32_t maxp = 0;
     for (int i = 0; i < g_np; i++)
@@ -278,7 +277,7 @@ static int teardown(void **state) {
     }
     for (int i = 0; i < g_np; i++) free(g_prompt[i]), free(g_ref[i]);
     tok_destroy(g_tok);
-    gguf_close(g_gguf_unused);
+    gguf_close(g_tok_gguf);
     model_destroy(g_model);
     if (g_be) bk_cpu_destroy(g_be);
     return 0;
