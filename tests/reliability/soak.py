@@ -1,7 +1,8 @@
 """soak.py: load and soak test of `specd serve` with speculation (issue 10).
 
-Starts `specd serve` on the SmolLM2 GGUF with a random EAGLE-3 head
-(tools/eagle3/make_random_head.py --layout speculators --seed 1, or --draft DIR)
+Starts `specd serve` on the SmolLM2 GGUF with an EAGLE-3 head (the committed
+draft/heads/smollm2-135m-eagle3 when present, else a random one from
+tools/eagle3/make_random_head.py --layout speculators --seed 1; or --draft DIR)
 and prefix caching, then runs CLIENTS concurrent client threads for DURATION
 seconds. Each client loops over random requests (seeded per client):
   - /v1/completions (80 %) or /v1/chat/completions, streaming (85 %) or not;
@@ -198,7 +199,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=150)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--draft", default=None, help="EAGLE-3 head dir (default: a random head, seed 1)")
+    ap.add_argument("--draft", default=None,
+                    help="EAGLE-3 head dir (default: draft/heads/smollm2-135m-eagle3 when committed, else a random "
+                         "head, seed 1); 'random' forces the random head")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-waiting", type=int, default=24)
@@ -212,7 +215,11 @@ def main():
         print(f"skip: need {R.SPECD} and {R.MODEL}")
         return 77
     tmp = tempfile.mkdtemp(prefix="specd_soak_")
-    head = a.draft or R.make_random_head(os.path.join(tmp, "head"), seed=1)
+    trained = os.path.join(R.SRC, "draft/heads/smollm2-135m-eagle3")
+    if a.draft is None and os.path.exists(os.path.join(trained, "model.safetensors")):
+        a.draft = trained
+    head = a.draft if a.draft not in (None, "random") else R.make_random_head(os.path.join(tmp, "head"), seed=1)
+    print(f"soak: draft {head}", flush=True)
     srv = R.Server(R.MODEL, ["--served-model-name", "smollm2", "--draft", head, "--num-speculative-tokens", "3",
                              "--enable-prefix-caching", "--max-model-len", "512",
                              "--kv-cache-memory", a.kv_cache_memory, "--max-num-seqs", str(a.max_num_seqs),
