@@ -145,53 +145,6 @@ typedef struct row_buf {
     int has_m;
 } row_buf;
 
-__attribute__((target("avx2,fma,f16c"))) static void unpack_row_avx2(const bk_weight *w, int64_t r, row_buf *rb) {
-    const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-    const int64_t n = w->cols, nb = n / 32;
-    const __m128i lomask = _mm_set1_epi8(0x0f);
-    switch (w->type) {
-    case BK_W_Q4_1:
-    case BK_W_Q4_0: {
-        const int q41 = w->type == BK_W_Q4_1;
-        const size_t bs = q41 ? 20 : 18, qo = q41 ? 4 : 2;
-        for (int64_t b = 0; b < nb; b++, p += bs) {
-            uint16_t d16; memcpy(&d16, p, 2);
-            rb->d[b] = fp16_to_f32(d16);
-            if (q41) { uint16_t m16; memcpy(&m16, p + 2, 2); rb->m[b] = fp16_to_f32(m16); }
-            else rb->m[b] = -8.0f * rb->d[b];
-            __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
-            __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
-            float *q = rb->qf + b * 32;
-            _mm256_storeu_ps(q, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)));
-            _mm256_storeu_ps(q + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))));
-            _mm256_storeu_ps(q + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
-            _mm256_storeu_ps(q + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
-        }
-        rb->blocked = 1;
-        rb->has_m = 1;
-        return;
-    }
-    case BK_W_Q8_0:
-        for (int64_t b = 0; b < nb; b++, p += 34) {
-            uint16_t d16; memcpy(&d16, p, 2);
-            rb->d[b] = fp16_to_f32(d16);
-            float *q = rb->qf + b * 32;
-            for (int g = 0; g < 4; g++) {
-                __m128i q8 = _mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * g));
-                _mm256_storeu_ps(q + 8 * g, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
-            }
-        }
-        rb->blocked = 1;
-        rb->has_m = 0;
-        return;
-    default:
-        bk_weight_row_f32(w, r, rb->qf);
-        rb->blocked = 0;
-        rb->has_m = 0;
-        return;
-    }
-}
-
 static void unpack_row_scalar(const bk_weight *w, int64_t r, row_buf *rb) {
     const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
     const int64_t nb = w->cols / 32;
@@ -452,8 +405,8 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
         return;
     }
     for (int64_t r = r0; r < r1; r++) {
-        if (avx2) unpack_row_avx2(w, r, &rb);
-        else unpack_row_scalar(w, r, &rb);
+        /* portable path, or a format without a fused kernel (I4G32) */
+        unpack_row_scalar(w, r, &rb);
         int32_t t = 0;
         float o4[4];
         if (avx2)
