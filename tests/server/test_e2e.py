@@ -640,15 +640,19 @@ def test_sighup_reload_and_sigterm_drain():
         for i in range(4):
             c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=600)
             c.request("POST", "/v1/completions", body=json.dumps({"model": NAME, "prompt": f"Request {i}:",
-                                                                   "max_tokens": 8, "temperature": 0,
+                                                                   "max_tokens": 160, "temperature": 0,
                                                                    "ignore_eos": True, "stream": True}),
                       headers={"Authorization": "Bearer new-key", "Content-Type": "application/json"})
             conns.append(c)
             resps.append(c.getresponse())
         gens = [sse_events(r) for r in resps]
         firsts = [next(g) for g in gens]  # every stream has started
+        # the streams are long (160 tokens each) so the server is still draining when we probe it;
+        # /health turns 503 as soon as the signal is handled
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        deadline = time.time() + 30
+        while time.time() < deadline and s.raw("GET", "/health", auth=False)[0] != 503:
+            time.sleep(0.05)
         st, data, hdrs = s.raw("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1}, key="new-key")
         assert st == 503, data
         assert json.loads(data)["error"]["message"]
