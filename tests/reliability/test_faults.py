@@ -13,11 +13,16 @@ The broken inputs are copies of independent artefacts, made here:
     a missing shard, a truncated shard, a tensor whose shape was transposed in
     the header (byte size unchanged, so only a loader that checks shapes
     against config.json notices), an index that names a shard that is absent;
-  - the SmolLM2 GGUF: truncated to half, bad magic;
+  - the SmolLM2 GGUF: truncated to half, bad magic, one tensor's dims
+    transposed in the header (same element and byte count), one tensor
+    renamed in the header (so a tensor the architecture needs is absent);
   - a random EAGLE-3 head (tools/eagle3/make_random_head.py --seed 1) edited
     to expect another target hidden size (config + fc.weight) or another
     target vocabulary (config + t2d, with a consistent map);
-  - an API key file that does not exist, that is a directory, that is empty.
+  - a draft head whose model.safetensors is truncated;
+  - an API key file that does not exist, that is a directory, that is empty,
+    that the server's user may not read (mode 000; as root the server is
+    started as `nobody`, since root reads any file).
 The control cases (the intact miniature gets past its weights; the intact
 head serves) show that the refusals come from the defects.
 
@@ -40,15 +45,16 @@ if __name__ == "__main__" and not R.have_binary_and_model():
 import pytest  # noqa: E402
 
 COMMON = ["--max-model-len", "256", "--kv-cache-memory", "32M", "--threads", "1"]
+TRUNCATED = ["truncated", "beyond", "past the end", "past the", "out of bounds", "outside", "short"]
 EXIT_LIMIT_S = 300  # loading SmolLM2 under load takes ~10 s; generous for a loaded CI machine
 
 
-def start_expect_fail(model, extra=(), limit=EXIT_LIMIT_S):
+def start_expect_fail(model, extra=(), limit=EXIT_LIMIT_S, preexec_fn=None):
     """Runs specd serve; returns (exit code, combined output, port). Polls /health while it runs."""
     port = R.free_port()
     args = [R.SPECD, "serve", model, "--port", str(port), *COMMON, *extra]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=preexec_fn)
     healthy = False
     deadline = time.time() + limit
     while p.poll() is None and time.time() < deadline:
@@ -72,8 +78,8 @@ def start_expect_fail(model, extra=(), limit=EXIT_LIMIT_S):
     return p.returncode, out, port
 
 
-def assert_refused(model, extra, must_name, keywords):
-    rc, out, _ = start_expect_fail(model, extra)
+def assert_refused(model, extra, must_name, keywords, preexec_fn=None):
+    rc, out, _ = start_expect_fail(model, extra, preexec_fn=preexec_fn)
     assert rc != 0, f"exit code 0 for a broken input: {out[-2000:]}"
     last = "\n".join(ln for ln in out.splitlines() if "specd serve" in ln or "ERROR" in ln)
     assert must_name in last, f"message does not name {must_name!r}:\n{out[-2000:]}"
@@ -133,7 +139,7 @@ def test_kimi_truncated_shard(kimi, tmp):
     d = kimi_copy(kimi, tmp, "truncated")
     p = os.path.join(d, SHARD4)
     os.truncate(p, os.path.getsize(p) // 2)
-    assert_refused(d, [], SHARD4, ["truncated", "beyond", "past the end", "out of bounds", "outside", "short"])
+    assert_refused(d, [], SHARD4, TRUNCATED)
 
 
 def test_kimi_wrong_shape_tensor(kimi, tmp):
@@ -162,7 +168,7 @@ def test_gguf_truncated(tmp):
     p = os.path.join(tmp, "trunc.gguf")
     with open(R.MODEL, "rb") as src, open(p, "wb") as dst:
         dst.write(src.read(os.path.getsize(R.MODEL) // 2))
-    assert_refused(p, [], "trunc.gguf", ["truncated", "beyond", "past the end", "out of bounds", "outside", "short"])
+    assert_refused(p, [], "trunc.gguf", TRUNCATED)
 
 
 def test_gguf_bad_magic(tmp):
@@ -170,6 +176,27 @@ def test_gguf_bad_magic(tmp):
     with open(R.MODEL, "rb") as src, open(p, "wb") as dst:
         dst.write(b"GGML" + src.read(1 << 20)[4:])
     assert_refused(p, [], "magic.gguf", ["magic", "not a gguf"])
+
+
+GGUF_K = "blk.2.attn_k.weight"  # SmolLM2: Q4_1 [576, 192] (ne0 = 576 = hidden, ne1 = 192 = 3 kv heads x 64)
+
+
+def test_gguf_wrong_shape_tensor(tmp):
+    """attn_k's dims transposed in the header: [192, 576] has the same element count and Q4_1 byte count
+    (192 is a multiple of the 32-element block), so only a shape check against the metadata sees it."""
+    p = os.path.join(tmp, "shape.gguf")
+    old = R.gguf_copy_edited(R.MODEL, p, GGUF_K, dims=[192, 576])
+    assert old == [576, 192], old
+    msg = assert_refused(p, [], "shape.gguf", ["shape", "expected"])
+    assert GGUF_K in msg and "[192, 576]" in msg and "[576, 192]" in msg, msg
+
+
+def test_gguf_tensor_missing(tmp):
+    """attn_k of layer 2 renamed (same length) in the header: the architecture needs a tensor that is absent."""
+    p = os.path.join(tmp, "missing_tensor.gguf")
+    R.gguf_copy_edited(R.MODEL, p, GGUF_K, new_name="blk.2.attn_x.weight")
+    msg = assert_refused(p, [], "missing_tensor.gguf", ["missing", "not found", "absent"])
+    assert GGUF_K in msg, msg
 
 
 def test_model_path_absent(tmp):
@@ -243,6 +270,15 @@ def test_draft_vocab_mismatch(head, tmp):
     assert "32768" in msg and "49152" in msg, msg
 
 
+def test_draft_truncated(head, tmp):
+    d = os.path.join(tmp, "head_trunc")
+    shutil.copytree(head, d)
+    p = os.path.join(d, "model.safetensors")
+    os.truncate(p, os.path.getsize(p) // 2)
+    msg = assert_refused(R.MODEL, ["--draft", d], "model.safetensors", TRUNCATED)
+    assert "head_trunc" in msg, msg
+
+
 def test_draft_dir_absent(tmp):
     d = os.path.join(tmp, "no-head")
     assert_refused(R.MODEL, ["--draft", d], "no-head", ["no such", "not a directory", "cannot", "not found"])
@@ -264,6 +300,41 @@ def test_api_key_file_empty(tmp):
     p = os.path.join(tmp, "empty.key")
     open(p, "w").close()
     assert_refused(R.MODEL, ["--api-key-file", p], "empty.key", ["empty", "no key"])
+
+
+def test_api_key_file_unreadable(tmp):
+    """Mode 000. Root reads any file, so as root the server runs as nobody (the model and binary are
+    world-readable in a normal checkout; the test skips if nobody cannot read them)."""
+    d = os.path.join(tmp, "keys")
+    os.mkdir(d)
+    os.chmod(d, 0o755)
+    p = os.path.join(d, "secret.key")
+    with open(p, "w") as f:
+        f.write("sk-unreadable\n")
+    os.chmod(p, 0o000)
+    preexec = None
+    if os.geteuid() == 0:
+        import pwd
+        try:
+            nobody = pwd.getpwnam("nobody")
+        except KeyError:
+            pytest.skip("root and no user 'nobody' to drop to")
+        for need in (R.SPECD, os.path.realpath(R.MODEL)):
+            parts = os.path.realpath(need).split(os.sep)
+            for i in range(2, len(parts) + 1):
+                m = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
+                if not m & (0o005 if i < len(parts) else 0o004):
+                    pytest.skip(f"nobody cannot reach {need}")
+        for parent in (tmp,):  # tmp is mkdtemp's 0700
+            os.chmod(parent, 0o755)
+
+        def preexec():
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+    msg = assert_refused(R.MODEL, ["--api-key-file", p], "secret.key", ["permission denied", "cannot open"],
+                         preexec_fn=preexec)
+    assert "permission denied" in msg.lower(), msg
 
 
 if __name__ == "__main__":
