@@ -209,7 +209,7 @@ int tok_create_from_tiktoken(const char *ranks_path, const char *config_path, to
     tok_set_stops(t);
 
     /* merge table: every split of every token into two tokens */
-    if (tok_pairmap_init(&t->merges, (size_t)n_base * 4) < 0) {
+    if (tok_pairmap_init(&t->merges, n_lines * 4) < 0) { /* by the ranks present, not the highest one */
         specd_err_set(err, "out of memory");
         goto fail;
     }

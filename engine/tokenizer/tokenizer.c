@@ -333,8 +333,12 @@ int tok_finish(tokenizer *t, specd_err *err) {
      * downwards so the lowest is written last). by_bytes: the same plus the
      * specials/added tokens, which win, so tok_token_id("<|im_end|>") is the
      * special id. */
-    if (tok_strmap_init(&t->plain, (size_t)t->n_vocab) < 0) goto oom;
-    if (tok_strmap_init(&t->by_bytes, (size_t)t->n_vocab) < 0) goto oom;
+    /* maps sized by the tokens present, not by the id range: a hostile file
+     * may name one id near 2^24 with a few hundred tokens (fuzz_tok_tiktoken) */
+    size_t n_present = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) n_present += !(t->attr[id] & TOK_ATTR_HOLE);
+    if (tok_strmap_init(&t->plain, n_present) < 0) goto oom;
+    if (tok_strmap_init(&t->by_bytes, n_present) < 0) goto oom;
     for (int32_t id = t->n_vocab - 1; id >= 0; id--)
         if (!(t->attr[id] & (TOK_ATTR_HOLE | TOK_ATTR_SPECIAL | TOK_ATTR_ADDED))) {
             if (tok_strmap_put(&t->plain, t->arena + t->tok_off[id], t->tok_len[id], id) < 0) goto oom;
