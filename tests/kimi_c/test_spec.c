@@ -4,12 +4,23 @@
  * output identical to plain greedy, token for token.
  * Reference: each prompt decoded ALONE by a direct model_forward loop (whole
  * prompt, then one token per step, argmax), no scheduler, no proposer.
- *   - the EAGLE-3 proposer (draft/) with a random head sized for the miniature
- *     (make_minis.py -> OUT/head; aux capture from the DeepSeek-V3 forward),
- *     k = 3, batch 1 and 8 concurrent requests with chunked prefill;
+ *   - the miniature's EAGLE-3 head (OUT/kimi_head, written by the
+ *     kimi_c_head_setup fixture: draft vocabulary 32,000 from `specd vocab`
+ *     on GSM8K train tokenized with the Kimi tokenizer, checked there against
+ *     tiktoken + jinja2; weights from tools/kimi/make_head.py, seed 0; aux ids
+ *     [0, 2, 4] explicit in eagle_config) loaded by the real loader
+ *     (eagle3_load) against the miniature, run the way the server runs it:
+ *     engine_create with the miniature's own tokenizer, then
+ *     engine_set_proposer (server/bundle.c). k = 3, batch 1, then 8
+ *     concurrent requests with chunked prefill. Checked on the way: the head
+ *     asks for the residual stream entering layers {1, 3, 5}, and every draft
+ *     token the proposer hands the engine is inside the map (t2d true).
+ *     Without ../shared/data (no tokenizer, no GSM8K) the fixture skips and
+ *     the random head of make_minis.py (OUT/head, random map) is used instead,
+ *     through engine_create_ex with a stub detokenizer;
  *   - an oracle proposer that drafts the reference continuation with every
  *     third draft corrupted, k = 3, 8 requests: verify batches accept, reject
- *     and correct (the random head accepts almost nothing, this covers
+ *     and correct (a random-weight head accepts almost nothing; this covers
  *     acceptance on the MLA/MoE target).
  * After each run every KV block is back in the pool.
  */
@@ -20,8 +31,10 @@
 #include <cmocka.h>
 
 #include "draft/eagle3.h"
+#include "engine/loader/safetensors.h"
 #include "engine/runtime/engine_ex.h"
 #include "engine/runtime/proposer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "tests/kimi_c/kimi_c_util.h"
 
 #define NREQ 8
@@ -107,9 +120,45 @@ static void or_trunc(void *ctx, int64_t id, int32_t n) { (void)ctx; if (or_n[id 
 static const spec_proposer_ops or_ops = {.extend = or_extend, .propose = or_propose, .truncate = or_trunc, .free_seq = or_free};
 static spec_proposer g_oracle = {.ops = &or_ops, .ctx = NULL};
 
+/* ---- checking wrapper: forwards to the EAGLE-3 proposer, checks its drafts against t2d ---- */
+typedef struct chk {
+    spec_proposer *in;
+    const uint8_t *t2d;      /* [V] the head's map, NULL = no check */
+    long drafts, outside;
+} chk;
+static int ck_aux(void *c, int32_t *l) { return ((chk *)c)->in->ops->aux_layers(((chk *)c)->in->ctx, l); }
+static int ck_extend(void *c, int64_t id, const int32_t *t, int32_t n, int32_t pos0, const float *aux, specd_err *err) {
+    return ((chk *)c)->in->ops->extend(((chk *)c)->in->ctx, id, t, n, pos0, aux, err);
+}
+static int ck_propose(void *c, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                      int32_t *out, float *q, specd_err *err) {
+    chk *C = c;
+    int rc = C->in->ops->propose(C->in->ctx, ids, k, n, k_max, temps, out, q, err);
+    if (rc == 0 && C->t2d)
+        for (int32_t i = 0; i < n; i++)
+            for (int32_t j = 0; j < k[i]; j++) {
+                const int32_t d = out[i * k_max + j];
+                C->drafts++;
+                if (d < 0 || d >= V || !C->t2d[d]) C->outside++;
+            }
+    return rc;
+}
+static void ck_trunc(void *c, int64_t id, int32_t n) { ((chk *)c)->in->ops->truncate(((chk *)c)->in->ctx, id, n); }
+static void ck_free(void *c, int64_t id) { ((chk *)c)->in->ops->free_seq(((chk *)c)->in->ctx, id); }
+static void ck_kv(void *c, int64_t *t, int64_t *f) {
+    chk *C = c;
+    if (C->in->ops->kv_usage) C->in->ops->kv_usage(C->in->ctx, t, f);
+    else *t = *f = 0;
+}
+static const spec_proposer_ops ck_ops = {.aux_layers = ck_aux, .extend = ck_extend, .propose = ck_propose,
+                                         .truncate = ck_trunc, .free_seq = ck_free, .kv_usage = ck_kv};
+
 /* Runs requests [0, nreq) through an engine with proposer p (k drafts); checks
- * every output against the reference and the pool against leaks. */
-static void run(spec_proposer *p, int nreq, int32_t k, engine_stats *st) {
+ * every output against the reference and the pool against leaks. With a
+ * tokenizer the engine is made as the server makes it (engine_create: the
+ * model's runner, the real detokenizer and stop ids), else by engine_create_ex
+ * with the stub detokenizer. */
+static void run(spec_proposer *p, const tokenizer *tok, int nreq, int32_t k, engine_stats *st) {
     engine_runner rn = {.ctx = g_model, .forward = real_forward, .vocab = V, .hidden = model_get_config(g_model)->hidden,
                         .block_size = BS, .n_blocks = NBLK};
     engine_detok d = {.stream_create = dt_create, .stream_destroy = dt_destroy, .push = dt_push, .flush = dt_flush};
@@ -117,7 +166,8 @@ static void run(spec_proposer *p, int nreq, int32_t k, engine_stats *st) {
                          .num_speculative_tokens = k};
     engine *e = NULL;
     specd_err err = {{0}};
-    if (engine_create_ex(&cfg, &rn, &d, g_model, NULL, &e, &err) != 0) fail_msg("%s", err.msg);
+    if ((tok ? engine_create(&cfg, g_model, tok, &e, &err) : engine_create_ex(&cfg, &rn, &d, g_model, NULL, &e, &err)) != 0)
+        fail_msg("%s", err.msg);
     memset(or_n, 0, sizeof or_n);
     if (engine_set_proposer(e, p, &err) != 0 || engine_start(e, &err) != 0) fail_msg("%s", err.msg);
     engine_stream *s[NREQ];
@@ -164,29 +214,66 @@ static void report(const char *what, const engine_stats *st) {
 
 static void test_eagle3_head(void **stt) {
     (void)stt;
-    char head[1100];
-    snprintf(head, sizeof head, "%s/../head", kc_mini_dir("k25"));
-    eagle3_opts o = {0};
-    spec_proposer *p = NULL;
+    char head[1100], path[1200];
+    snprintf(head, sizeof head, "%s/../kimi_head", kc_mini_dir("k25"));
+    snprintf(path, sizeof path, "%s/config.json", head);
+    struct stat sb;
+    const bool built = stat(path, &sb) == 0;
+    tokenizer *tok = NULL;
+    st_model *hw = NULL;
+    const uint8_t *t2d = NULL;
     specd_err err = {{0}};
-    if (eagle3_load(head, g_model, &o, &p, &err) != 0) fail_msg("eagle3_load: %s", err.msg);
-    engine_stats st;
-    run(p, 1, 3, &st);
-    report("EAGLE-3 random head, k=3, batch 1", &st);
-    assert_true(st.spec_num_draft_tokens_total > 0);
-    eagle3_destroy(p);
-    p = NULL;
-    if (eagle3_load(head, g_model, &o, &p, &err) != 0) fail_msg("eagle3_load: %s", err.msg);
-    run(p, NREQ, 3, &st);
-    report("EAGLE-3 random head, k=3, 8 concurrent", &st);
-    assert_int_equal(st.generation_tokens_total, NREQ * MAX_NEW);
-    eagle3_destroy(p);
+    if (built) {
+        if (tok_create_from_dir(kc_mini_dir("k25"), &tok, &err) != 0) fail_msg("tokenizer: %s", err.msg);
+        snprintf(path, sizeof path, "%s/model.safetensors", head);
+        if (st_open(path, &hw, &err) != 0) fail_msg("%s", err.msg);
+        const st_tensor *t = st_find(hw, "t2d");
+        assert_non_null(t);
+        assert_int_equal(t->dtype, ST_BOOL);
+        assert_int_equal(t->n_elements, (uint64_t)V);
+        t2d = t->data;
+        printf("kimi_c_spec: the miniature's EAGLE-3 head %s (draft vocab from specd vocab), real tokenizer\n", head);
+    } else {
+        snprintf(head, sizeof head, "%s/../head", kc_mini_dir("k25"));
+        printf("kimi_c_spec: NOTE: no built head (kimi_c_head_setup skipped: no ../shared/data?): random head %s\n",
+               head);
+    }
+    const char *what[2] = {built ? "EAGLE-3 head (specd vocab map), k=3, batch 1" : "EAGLE-3 random head, k=3, batch 1",
+                           built ? "EAGLE-3 head (specd vocab map), k=3, 8 concurrent"
+                                 : "EAGLE-3 random head, k=3, 8 concurrent"};
+    for (int b = 0; b < 2; b++) {
+        eagle3_opts o = {0};
+        spec_proposer *p = NULL;
+        if (eagle3_load(head, g_model, &o, &p, &err) != 0) fail_msg("eagle3_load: %s", err.msg);
+        int32_t layers[8];
+        assert_int_equal(p->ops->aux_layers(p->ctx, layers), 3);
+        assert_int_equal(layers[0], 1); /* eagle_config ids [0, 2, 4] = outputs of 0, 2, 4 = inputs of 1, 3, 5 */
+        assert_int_equal(layers[1], 3);
+        assert_int_equal(layers[2], 5);
+        chk c = {.in = p, .t2d = t2d};
+        spec_proposer w = {.ops = &ck_ops, .ctx = &c};
+        engine_stats st;
+        const int nreq = b == 0 ? 1 : NREQ;
+        run(&w, tok, nreq, 3, &st);
+        report(what[b], &st);
+        assert_true(st.spec_num_draft_tokens_total > 0);
+        assert_int_equal(st.generation_tokens_total, nreq * MAX_NEW);
+        if (t2d) {
+            printf("kimi_c_spec: %ld draft tokens checked against t2d, %ld outside the draft vocabulary\n", c.drafts,
+                   c.outside);
+            assert_true(c.drafts > 0);
+            assert_int_equal(c.outside, 0);
+        }
+        eagle3_destroy(p);
+    }
+    st_close(hw);
+    tok_destroy(tok);
 }
 
 static void test_oracle(void **stt) {
     (void)stt;
     engine_stats st;
-    run(&g_oracle, NREQ, 3, &st);
+    run(&g_oracle, NULL, NREQ, 3, &st);
     report("oracle drafts (1/3 corrupted), k=3, 8 concurrent", &st);
     assert_true(st.spec_num_accepted_tokens_total > 0);
     assert_true(st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total);
