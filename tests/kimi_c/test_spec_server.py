@@ -15,14 +15,18 @@ engine_set_proposer). Reference: PLAIN answering each request alone.
 Needs $SPECD_BUILD_DIR/server/specd and the miniature with its head (KIMI_C_MINI_DIR); exits 77 without
 them (no ../shared/data: no tokenizer, no head).
 """
+import http.client
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
-import specd_server as sp  # noqa: E402
-
+SPECD = os.environ.get("SPECD_BIN") or os.path.join(os.environ.get("SPECD_BUILD_DIR", ""), "server", "specd")
 MINI = os.environ.get("KIMI_C_MINI_DIR", "")
 TARGET, HEAD = os.path.join(MINI, "k25"), os.path.join(MINI, "kimi_head")
 COMMON = ["--served-model-name", "kimi-mini", "--max-model-len", "256", "--kv-cache-memory", "32M",
@@ -42,8 +46,66 @@ CONVS = [
 ]
 
 
+class Server:
+    """`specd serve MODEL --port P ARGS` on a free loopback port, output in a log file, /health polled."""
+
+    def __init__(self, model, args, name):
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            self.port = so.getsockname()[1]
+        self.log = tempfile.NamedTemporaryFile(prefix=f"specd_kimi_{name}_", suffix=".log", delete=False)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([SPECD, "serve", model, "--port", str(self.port), *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        while True:
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"specd serve did not come up: {self.read_log()}")
+            try:
+                if self.raw("GET", "/health", timeout=5)[0] == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.2)
+
+    def raw(self, method, path, body=None, timeout=300):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None,
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def read_log(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-4000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def parse_metrics(text):
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, val = line.rsplit(" ", 1) if "}" not in line else (line[:line.rindex("}") + 1],
+                                                                       line[line.rindex("}") + 1:].split()[0])
+            out[name.strip()] = float(val)
+    return out
+
+
 def ask(srv, msgs):
-    st, body, _ = srv.raw("POST", "/v1/chat/completions", {
+    st, body = srv.raw("POST", "/v1/chat/completions", {
         "model": "kimi-mini", "messages": msgs, "temperature": 0, "max_tokens": MAX_TOKENS})
     assert st == 200, (st, body[:300])
     r = json.loads(body)
@@ -66,25 +128,24 @@ def concurrent(srv):
 
 
 def spec_counters(srv):
-    m = sp.parse_metrics(srv.raw("GET", "/metrics")[1].decode())
+    m = parse_metrics(srv.raw("GET", "/metrics")[1].decode())
     p = "specd_spec_decode_"
     return (int(m.get(p + "num_drafts_total", 0)), int(m.get(p + "num_draft_tokens_total", 0)),
             int(m.get(p + "num_accepted_tokens_total", 0)))
 
 
 def main() -> int:
-    if not os.access(sp.SPECD, os.X_OK):
-        print(f"SKIP: no {sp.SPECD}")
+    if not os.access(SPECD, os.X_OK):
+        print(f"SKIP: no {SPECD}")
         return 77
     for p in (os.path.join(TARGET, "tiktoken.model"), os.path.join(HEAD, "config.json")):
         if not os.path.exists(p):
             print(f"SKIP: {p} missing (kimi_c_mini_setup / kimi_c_head_setup need ../shared/data)")
             return 77
-    plain = sp.Server(COMMON, model=TARGET, log_prefix="specd_kimi_plain_")
+    plain = Server(TARGET, COMMON, "plain")
     spec = None
     try:
-        spec = sp.Server([*COMMON, "--draft", HEAD, "--num-speculative-tokens", "3"], model=TARGET,
-                         log_prefix="specd_kimi_spec_")
+        spec = Server(TARGET, [*COMMON, "--draft", HEAD, "--num-speculative-tokens", "3"], "spec")
         ref = [ask(plain, c) for c in CONVS]
         for i, r in enumerate(ref):
             print(f"plain #{i}: {r[3]} tokens, {r[1]}, {r[0][:40]!r}")
@@ -115,6 +176,8 @@ def main() -> int:
                 rc = s.stop()
                 if rc != 0:
                     print(s.read_log())
+                else:
+                    os.unlink(s.log.name)
 
 
 if __name__ == "__main__":
