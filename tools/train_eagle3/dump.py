@@ -143,6 +143,45 @@ class DumpReader:
         return {"input_ids": ids, "loss_mask": lm, "aux_hidden": aux, "final_hidden": fin}
 
 
+class MultiDump:
+    """Several finished dumps of the same target read as one: sample i of the
+    concatenation (dumps in the order given).  The merged manifest sums the
+    counts; target, aux layer ids and convention must agree."""
+
+    def __init__(self, paths):
+        self.readers = [DumpReader(p) for p in paths]
+        m0 = self.readers[0].manifest
+        for r in self.readers[1:]:
+            m = r.manifest
+            for k in ("aux_layer_ids", "aux_layer_convention"):
+                if m.get(k) != m0.get(k):
+                    raise ValueError(f"{r.path}: {k} {m.get(k)} differs from {self.readers[0].path}'s {m0.get(k)}")
+            if m["target"]["hidden_size"] != m0["target"]["hidden_size"]:
+                raise ValueError(f"{r.path}: hidden size differs from {self.readers[0].path}'s")
+        self.manifest = dict(m0)
+        for k in ("n_samples", "n_tokens", "n_loss_tokens"):
+            self.manifest[k] = sum(int(r.manifest.get(k, 0)) for r in self.readers)
+        self.manifest["dumps"] = [r.path for r in self.readers]
+        self.H = self.readers[0].H
+        self.starts = []
+        n = 0
+        for r in self.readers:
+            self.starts.append(n)
+            n += len(r)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def get(self, i: int) -> dict:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        k = len(self.starts) - 1
+        while self.starts[k] > i:
+            k -= 1
+        return self.readers[k].get(i - self.starts[k])
+
+
 def validate(path: str, check_finite=True) -> dict:
     """Read every sample of a dump; check shapes, dtypes, id range, finite
     values and the manifest's counts.  Returns the counts; raises ValueError."""
