@@ -4,7 +4,8 @@
 Also pins the headline numbers against hand arithmetic from REFERENCE section 1, so the script
 cannot silently change the model it describes: 61 layers x (512 + 64) latent values x 2 bytes
 = 70,272 bytes of KV per token; 384 experts x 60 MoE layers x 3 x 2048 x 7168 int4 weights with
-one bf16 scale per 32 = 570.76 GB of routed experts; ~595 GB in all (REFERENCE: ~595 GB).
+one bf16 scale per 32 = 570.76 GB of routed experts; ~595 GB in all (REFERENCE: ~595 GB); the
+EAGLE-3 head's weight bytes and draft-KV bytes per token.
 """
 import os
 import subprocess
@@ -26,6 +27,13 @@ def main() -> int:
     total = sum(b["total"].values())
     assert 590e9 < total < 600e9, total
     assert b["n_allreduce"] == 123
+    # the EAGLE-3 head paragraph (SpecForge-style Kimi-K2 head, REFERENCE section 1), by hand:
+    # fc 3H x H, q/k/v 2H -> 64 x 128, o 8192 -> H, SwiGLU 3 x 18432 x H, 4 norms, lm_head 32000 x H
+    d = budget.draft_budget(c)
+    H = 7168
+    params = 3 * H * H + 3 * 2 * H * 8192 + 8192 * H + 3 * 18432 * H + 4 * H + 32000 * H
+    assert d["total"] == params * 2 + 32000 * 8 + 163840, d["total"]
+    assert d["kv_tok"] == 2 * 64 * 128 * 2 == 32768
     rc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "kimi", "budget.py"),
                          "--check-doc", os.path.join(ROOT, "docs", "kimi-k2.5.md")]).returncode
     assert rc == 0, "docs/kimi-k2.5.md budget section is stale: run tools/kimi/budget.py --write-doc"

@@ -21,6 +21,7 @@ A stamp (sha256 of the scripts, the fixture and the data) skips the work when no
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -53,10 +54,12 @@ def main() -> int:
     prompts = os.environ.get("SPECD_PROMPTS_DIR", os.path.join(os.path.dirname(ROOT), "shared", "data", "prompts"))
     data = os.path.join(prompts, "gsm8k_train.jsonl")
     target = os.path.join(out, "k25")
+    hdir = os.path.join(out, "kimi_head")
     for need, why in ((specd, "the specd binary"), (data, "GSM8K train (../shared/data/prompts)"),
                       (os.path.join(target, "tiktoken.model"), "the miniature's Kimi tokenizer (../shared/data/kimi-k2)")):
         if not os.path.exists(need):
             print(f"SKIP: {need} missing ({why})")
+            shutil.rmtree(hdir, ignore_errors=True)   # no stale head: kimi_c_spec falls back to the random one
             return 77
     try:
         import numpy as np
@@ -77,6 +80,7 @@ def main() -> int:
     bad = []
     if sha(data) != ref["data_sha256"]:
         print(f"SKIP: {data} is not the file the reference counted (sha256 differs)")
+        shutil.rmtree(hdir, ignore_errors=True)
         return 77
 
     vdir = os.path.join(out, "kimi_vocab")
@@ -112,7 +116,6 @@ def main() -> int:
     sys.path.insert(0, os.path.join(ROOT, "tools", "kimi"))
     import make_head
     make_head.check_target(target)
-    hdir = os.path.join(out, "kimi_head")
     sums = make_head.make(0, mdir, hdir)
     for f, s in sums.items():
         if s != want_head[f]:

@@ -5,8 +5,11 @@ What it owns
     The numbers in docs/kimi-k2.5.md between the "budget.py begin/end" markers: weight bytes
     (total and per rank, experts split by TP inside each expert or by expert parallelism), KV bytes
     per token, tokens of KV that fit, bytes read per decode step per rank at batch 1 and 32,
-    collectives per decode step, and the HBM-bandwidth bound on TPOT. Everything is derived from
-    tools/kimi/kimi_k25_config.json plus the ASSUMPTIONS table below (printed with the results).
+    collectives per decode step, and the HBM-bandwidth bound on TPOT; then the EAGLE-3 head (weights,
+    draft KV per token, reads per draft step, replicated vs split across ranks, the bound per output
+    token with speculation). Everything is derived from tools/kimi/kimi_k25_config.json plus the
+    ASSUMPTIONS table below (printed with the results; the draft head's shape is the public
+    SpecForge-style Kimi-K2 head of REFERENCE section 1).
 
 Invariants: pure arithmetic (standard library only); deterministic output. tests/kimi checks that
 the doc section equals this script's output, so the doc cannot drift from the config.
@@ -36,6 +39,9 @@ ASSUMPTIONS = {
     "decode_context_tokens": 1536,     # mean context while decoding 1K out after 1K in
     "allreduce_latency_s": 10e-6,      # order of one small NVLink all-reduce (assumption, not measured)
     "reference_tpot_s": 9.2e-3,        # REFERENCE section 1: 8xH200 TP8, concurrency 1, 1K/1K
+    # the public SpecForge-style Kimi-K2 EAGLE-3 head (REFERENCE section 1); not in the target config
+    "draft": {"hidden": 7168, "heads": 64, "kv_heads": 64, "head_dim": 128, "intermediate": 18432,
+              "draft_vocab": 32000, "k": 3, "acceptance_length": 3.0},
 }
 BEGIN, END = "<!-- budget.py begin -->", "<!-- budget.py end -->"
 
@@ -157,6 +163,22 @@ def budget(c: dict, a: dict = ASSUMPTIONS) -> dict:
             "reads": reads, "n_allreduce": n_ar, "expert_bytes": expert_bytes}
 
 
+def draft_budget(c: dict, a: dict = ASSUMPTIONS) -> dict:
+    """The EAGLE-3 head at TP 8: weight bytes, draft KV bytes per token, HBM reads per draft step."""
+    d, bf, tp = a["draft"], a["bf16"], a["tp"]
+    H, Ht, hd = d["hidden"], c["hidden_size"], d["head_dim"]
+    qd, kvd, inter, Vd = d["heads"] * hd, d["kv_heads"] * hd, d["intermediate"], d["draft_vocab"]
+    p = {"fc": 3 * Ht * H, "attn": 2 * H * (qd + 2 * kvd) + qd * H, "mlp": 3 * inter * H, "norms": 4 * H,
+         "lm_head": Vd * H}
+    total = sum(p.values()) * bf + Vd * 8 + c["vocab_size"]          # + d2t int64, t2d bool
+    kv_tok = 2 * kvd * bf                                             # one layer of K and V
+    # one chained draft step at batch 1 (fc runs once per cycle, on the target's features): the layer,
+    # lm_head and the draft KV of the mean decode context
+    step = (p["attn"] + p["mlp"] + p["norms"] + p["lm_head"]) * bf + a["decode_context_tokens"] * kv_tok
+    return {"params": p, "total": total, "split": total / tp, "step_rep": step, "step_split": step / tp,
+            "fc": p["fc"] * bf, "kv_tok": kv_tok, "kv_tok_split": kv_tok / tp}
+
+
 def gb(x: float) -> str:
     return f"{x / 1e9:,.2f} GB"
 
@@ -237,6 +259,32 @@ def markdown(c: dict, a: dict = ASSUMPTIONS) -> str:
       f"{gb(verify)} per rank (bound {verify / bw * 1e3:.2f} ms) against {gb(r1['tp_total'])} for one "
       f"token, with the same {b['n_allreduce']} all-reduces; with an acceptance length of 3 that is "
       f"{verify / bw * 1e3 / 3:.2f} ms of HBM time per output token.")
+    w("")
+    d, db = a["draft"], draft_budget(c, a)
+    k, tau = d["k"], d["acceptance_length"]
+    rep_cycle = (k * db["step_rep"] + db["fc"]) / bw
+    split_cycle = (k * db["step_split"] + db["fc"] / tp) / bw
+    kv_with = b["kv_budget"] - db["total"]
+    w(f"The EAGLE-3 head (the public SpecForge-style Kimi-K2 head's shape: hidden {d['hidden']}, "
+      f"{d['heads']} heads / {d['kv_heads']} KV heads of {d['head_dim']}, intermediate {d['intermediate']}, "
+      f"draft vocabulary {d['draft_vocab']:,}; bf16) holds **{gb(db['total'])}** of weights "
+      f"(fc {gb(db['fc'])}, lm_head {gb(db['params']['lm_head'] * 2)}). Its own KV cache is one layer of "
+      f"full K and V: **{db['kv_tok']:,} bytes per token**, {db['kv_tok'] / b['kv_per_token']:.0%} of the "
+      f"target's latent. Replicated on every rank (no collectives inside the draft) a chained draft step "
+      f"reads {gb(db['step_rep'])} with its KV ({db['step_rep'] / bw * 1e3:.2f} ms), so k = {k} drafts cost "
+      f"{rep_cycle * 1e3:.2f} ms per cycle, {rep_cycle / (verify / bw):.0%} of the verify bound; and the "
+      f"replicated draft KV would cut the KV capacity from {b['kv_tokens']:,.0f} to "
+      f"{kv_with / (b['kv_per_token'] + db['kv_tok']):,.0f} tokens. Split like the "
+      f"target (heads and MLP rows across the {tp} ranks, lm_head by draft vocabulary) it reads "
+      f"{gb(db['step_split'])} per step and {split_cycle * 1e3:.2f} ms per cycle, keeps "
+      f"{db['kv_tok_split']:,.0f} draft-KV bytes per token per rank "
+      f"({(kv_with + db['total'] - db['split']) / (b['kv_per_token'] + db['kv_tok_split']):,.0f} tokens fit), "
+      f"and adds 2 all-reduces per draft step plus a top-1 gather. With the split head, a cycle of "
+      f"{k} drafts + verify is bounded by {(split_cycle + verify / bw) * 1e3:.2f} ms of HBM time for "
+      f"{tau:.0f} output tokens at acceptance length {tau:.0f} "
+      f"({(split_cycle + verify / bw) * 1e3 / tau:.2f} ms per token, against {r1['tp_total'] / bw * 1e3:.2f} ms "
+      f"without speculation), with {b['n_allreduce'] + 2 * k} all-reduces per cycle instead of "
+      f"{b['n_allreduce']} per token.")
     return "\n".join(out) + "\n"
 
 
