@@ -1,12 +1,15 @@
-"""Helpers shared by the specd-bench end-to-end tests: free ports, waiting for
-/health, scraping /metrics counters by name suffix, running specd-bench."""
+"""Helpers shared by the specd-bench end-to-end tests: free ports and waiting
+for /health (from tests/pyutil/specd_server.py, the tests' one copy), scraping
+/metrics counters by name suffix, running specd-bench."""
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
+import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
+import specd_server as sp  # noqa: E402
 
 SKIP = 77
 
@@ -16,26 +19,12 @@ def skip(msg):
     sys.exit(SKIP)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = sp.free_port
 
 
 def wait_health(base, proc, timeout):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited with %s before /health was 200" % proc.returncode)
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception as e:  # noqa: BLE001 - any failure means "not yet"
-            last = e
-        time.sleep(0.2)
-    raise RuntimeError("no 200 from %s/health within %ss (last: %s)" % (base, timeout, last))
+    """GET BASE/health until 200 (BASE: http://127.0.0.1:PORT); RuntimeError when PROC exits first."""
+    sp.wait_health(urllib.parse.urlsplit(base).port, proc, timeout, poll=0.2)
 
 
 def metric_sum(base, suffix):
@@ -43,18 +32,9 @@ def metric_sum(base, suffix):
     None when the server exposes no such metric. Parsed independently of
     bench/prom.c so the test does not trust the code it checks."""
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total, found = 0.0, False
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name.endswith(suffix):
-            value = line.rsplit("}", 1)[-1].split()[0] if "}" in line else line.split()[1]
-            total += float(value)
-            found = True
-    return total if found else None
+        samples = sp.parse_metrics(r.read().decode())
+    found = [v for k, v in samples.items() if k.split("{", 1)[0].endswith(suffix)]
+    return sum(found) if found else None
 
 
 def bench_binary():

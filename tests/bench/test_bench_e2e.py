@@ -13,8 +13,6 @@ ignore_eos every request produced exactly max_tokens tokens.
 Exits 77 (skipped) while the specd binary or the model file does not exist.
 """
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,27 +25,18 @@ MAX_TOKENS = 8
 
 
 def main():
-    build = os.environ.get("SPECD_BUILD_DIR", "build")
-    specd = os.path.join(build, "server", "specd")
-    gguf = os.environ.get("SPECD_MODEL_GGUF", "")
+    specd, gguf = bu.sp.SPECD, bu.sp.MODEL
     if not os.path.exists(specd):
         bu.skip("the specd server binary %s does not exist yet (build target `specd`)" % specd)
     if not gguf or not os.path.exists(gguf):
         bu.skip("model %r not found (run tools/setup.sh)" % gguf)
     bu.bench_binary()
-    port = bu.free_port()
-    base = "http://127.0.0.1:%d" % port
     tmp = tempfile.mkdtemp(prefix="bench_e2e_")
-    log = open(os.path.join(tmp, "specd.log"), "w")
-    cmd = [specd, "serve", gguf, "--port", str(port)]
-    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # `specd serve MODEL --port P` with the server's defaults (no thread pinning); RuntimeError with the
+    # log's tail when it does not become healthy
+    srv = bu.sp.Server([], omp_threads=None, ready_timeout=300, log_prefix="bench_e2e_specd_")
+    cmd, base = srv.args, srv.base_url
     try:
-        try:
-            bu.wait_health(base, srv, 300)
-        except RuntimeError:
-            log.flush()
-            print(open(log.name).read()[-4000:])
-            raise
         for endpoint in ("/v1/chat/completions", "/v1/completions"):
             gen0 = bu.metric_sum(base, "generation_tokens_total")
             prm0 = bu.metric_sum(base, "prompt_tokens_total")
@@ -82,13 +71,7 @@ def main():
                   % (endpoint, r["total_output_tokens"], r["output_throughput"], r["mean_tpot_ms"]))
         print("PASS")
     finally:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            srv.wait(60)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
-        log.close()
+        srv.stop(timeout=60)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ import time
 
 import deploy_common as dc
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
+import specd_server as sp  # noqa: E402
+
 dc.need_specd()
 if not os.path.exists(dc.MODEL):
     dc.skip(f"no model {dc.MODEL}")
@@ -47,26 +50,8 @@ WATCHDOG_S = 2.0
 PING_GAP_MAX = WATCHDOG_S / 2 + 0.75  # pings every WatchdogSec/2; slack for a loaded CI machine
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def sse(resp):
-    buf = b""
-    while True:
-        chunk = resp.read1(65536)
-        if not chunk:
-            return
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if line.startswith(b"data: "):
-                    yield line[6:].decode()
+free_port = sp.free_port
+sse = sp.sse_data
 
 
 class Stream(threading.Thread):
@@ -109,15 +94,8 @@ class Stream(threading.Thread):
 
 
 def raw(port, method, path, key=None, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    h = {"Content-Type": "application/json"}
-    if key:
-        h["Authorization"] = "Bearer " + key
-    c.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
+    """(status, body bytes) of one request (tests/pyutil/specd_server.py)."""
+    return sp.http_request(port, method, path, body, key=key, timeout=120)[:2]
 
 
 def pings_between(msgs, t0, t1):

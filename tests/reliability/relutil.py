@@ -1,61 +1,27 @@
 """relutil.py: shared helpers of the reliability tests (tests/reliability/).
 
-What it owns: starting `specd serve` as a child process on a free loopback
-port, reading /metrics and /proc/PID/status, checking that a port is free,
-and rewriting safetensors files and GGUF headers byte by byte (the tests
-break model files on purpose; numpy cannot hold bf16, and the gguf package is
-not in the CI venv, so both formats are handled as raw bytes here).
+What it owns: the reliability tests' view of the shared server helper
+(tests/pyutil/specd_server.py: starting `specd serve` on a free loopback
+port, /metrics, /proc/PID/status, free ports), and rewriting safetensors
+files and GGUF headers byte by byte (the tests break model files on purpose;
+numpy cannot hold bf16, and the gguf package is not in the CI venv, so both
+formats are handled as raw bytes here).
 Threading: the Server object may be used from many client threads (every
 request opens its own connection).
 """
-import http.client
 import json
 import os
-import signal
-import socket
 import struct
-import subprocess
-import tempfile
-import time
+import sys
 
-BUILD = os.environ.get("SPECD_BUILD_DIR", "")
-SRC = os.environ.get("SPECD_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-MODEL = os.environ.get("SPECD_MODEL_GGUF", os.path.join(SRC, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-SPECD = os.environ.get("SPECD_BIN", os.path.join(BUILD, "server", "specd"))
-PYTHON = os.environ.get("SPECD_PYTHON", "python3")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
+import specd_server as sp  # noqa: E402
+from specd_server import (BUILD, MODEL, PYTHON, SPECD, SRC, free_port, make_random_head,  # noqa: E402,F401
+                          port_is_free)
 
 
 def have_binary_and_model():
-    return os.access(SPECD, os.X_OK) and os.path.exists(MODEL)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def port_is_free(port):
-    """True when nothing listens on 127.0.0.1:port (a bind succeeds)."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def make_random_head(out, seed=1, layout="speculators"):
-    r = subprocess.run([PYTHON, os.path.join(SRC, "tools/eagle3/make_random_head.py"), "--layout", layout,
-                        "--out", out, "--seed", str(seed)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("make_random_head.py failed: " + r.stderr[-500:])
-    return out
+    return sp.have_specd_and_model()
 
 
 # ------------------------------------------------------------ safetensors
@@ -164,88 +130,10 @@ def gguf_copy_edited(src, dst, tensor, dims=None, new_name=None):
 
 
 # ------------------------------------------------------------ the server
-class Server:
-    """`specd serve` on a free port; waits for /health 200 (or for exit when expect_fail)."""
+class Server(sp.Server):
+    """`specd serve MODEL --port P --threads T EXTRA...` (tests/pyutil/specd_server.py), ready when /health
+    is 200; no API key. wait_idle counts the draft KV blocks too."""
 
     def __init__(self, model, extra, env=None, ready_timeout=600, threads=1):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="specd_rel_", suffix=".log", delete=False)
-        self.args = [SPECD, "serve", model, "--port", str(self.port), "--threads", str(threads), *extra]
-        e = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        e.update(env or {})
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        deadline = time.time() + ready_timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"specd exited early ({self.proc.returncode}): {self.read_log()}")
-            try:
-                if self.raw("GET", "/health", timeout=5)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("specd did not become healthy: " + self.read_log())
-
-    def read_log(self, tail=4000):
-        with open(self.log.name, "r", errors="replace") as f:
-            return f.read()[-tail:]
-
-    def raw(self, method, path, body=None, headers=None, timeout=300):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body)
-        if isinstance(body, str):
-            body = body.encode()
-        try:
-            c.request(method, path, body=body, headers=h)
-            r = c.getresponse()
-            data = r.read()
-            return r.status, data, dict(r.getheaders())
-        finally:
-            c.close()
-
-    def metrics(self):
-        st, data, _ = self.raw("GET", "/metrics")
-        assert st == 200
-        out = {}
-        for line in data.decode().splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name, val = line.rsplit(" ", 1)
-            out[name] = float(val)
-        return out
-
-    def wait_idle(self, timeout=120):
-        """Waits until nothing runs or waits and every KV block (target and draft) is free; returns the metrics."""
-        deadline = time.time() + timeout
-        while True:
-            m = self.metrics()
-            idle = (m["specd_num_requests_running"] == 0 and m["specd_num_requests_waiting"] == 0
-                    and m["specd_kv_blocks_free"] == m["specd_kv_blocks_total"]
-                    and m.get("specd_draft_kv_blocks_free", 0) == m.get("specd_draft_kv_blocks_total", 0))
-            if idle or time.time() > deadline:
-                return m
-            time.sleep(0.25)
-
-    def rss_kib(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return -1
-
-    def n_fds(self):
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-    def stop(self, timeout=120):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(["--threads", str(threads), *extra], model=model, env=env, ready_timeout=ready_timeout,
+                         poll=0.5, omp_threads=threads, log_prefix="specd_rel_")

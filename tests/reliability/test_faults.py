@@ -28,6 +28,7 @@ head serves) show that the refusals come from the defects.
 
 Run: python tests/reliability/test_faults.py  (77 = skipped: no binary / model)
 """
+import http.client
 import os
 import shutil
 import subprocess
@@ -59,12 +60,8 @@ def start_expect_fail(model, extra=(), limit=EXIT_LIMIT_S, preexec_fn=None):
     deadline = time.time() + limit
     while p.poll() is None and time.time() < deadline:
         try:
-            import http.client
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            healthy |= c.getresponse().status == 200
-            c.close()
-        except OSError:
+            healthy |= R.sp.http_request(port, "GET", "/health", timeout=2)[0] == 200
+        except (OSError, http.client.HTTPException):
             pass
         time.sleep(0.2)
     if p.poll() is None:

@@ -17,7 +17,6 @@ import http.client
 import json
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -26,9 +25,10 @@ import tempfile
 import threading
 import time
 
-BUILD = os.environ.get("SPECD_BUILD_DIR", "")
-MODEL = os.environ.get("SPECD_MODEL_GGUF", "")
-SPECD = os.path.join(BUILD, "server", "specd")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
+import specd_server as sp  # noqa: E402
+
+MODEL, SPECD = sp.MODEL, sp.SPECD
 if __name__ == "__main__" and (not os.access(SPECD, os.X_OK) or not os.path.exists(MODEL)):
     print(f"skip: need {SPECD} and {MODEL}")
     sys.exit(77)
@@ -43,97 +43,24 @@ COMMON = ["--max-model-len", str(MAX_LEN), "--kv-cache-memory", "64M", "--thread
 NAME = "smollm2"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+class Server(sp.Server):
+    """`specd serve` with the test's common flags and --api-key KEY (tests/pyutil/specd_server.py); raw()
+    sends KEY unless auth=False or another key is given."""
 
-
-class Server:
     def __init__(self, extra, key_args=("--api-key", KEY)):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="specd_e2e_", suffix=".log", delete=False)
-        args = [SPECD, "serve", MODEL, "--port", str(self.port), "--served-model-name", NAME,
-                *COMMON, *key_args, *extra]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"specd exited early ({self.proc.returncode}): {self.read_log()}")
-            try:
-                st, _, _ = self.raw("GET", "/health", auth=False, timeout=5)
-                if st == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("specd did not become healthy: " + self.read_log())
-
-    def read_log(self):
-        with open(self.log.name, "r", errors="replace") as f:
-            return f.read()[-4000:]
-
-    def raw(self, method, path, body=None, headers=None, auth=True, timeout=300, key=KEY):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        h = {"Content-Type": "application/json"}
-        if auth and key:
-            h["Authorization"] = "Bearer " + key
-        h.update(headers or {})
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body)
-        if isinstance(body, str):
-            body = body.encode()
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        data = r.read()
-        hdrs = dict(r.getheaders())
-        c.close()
-        return r.status, data, hdrs
-
-    def post(self, path, obj, **kw):
-        st, data, _ = self.raw("POST", path, obj, **kw)
-        return st, json.loads(data) if data else None
-
-    def client(self, key=KEY):
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0,
-                             timeout=600)
-
-    def metrics(self):
-        st, data, _ = self.raw("GET", "/metrics", auth=False)
-        assert st == 200
-        out = {}
-        for line in data.decode().splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name, val = line.rsplit(" ", 1)
-            out[name] = float(val)
-        return out
+        super().__init__(["--served-model-name", NAME, *COMMON, *key_args, *extra], key=KEY, poll=0.5,
+                         log_prefix="specd_e2e_")
 
     def wait_blocks_free(self, timeout=60):
         deadline = time.time() + timeout
         m = self.metrics()
         while time.time() < deadline:
             m = self.metrics()
-            if (m["specd_kv_blocks_free"] == m["specd_kv_blocks_total"] and m["specd_num_requests_running"] == 0
-                    and m["specd_num_requests_waiting"] == 0):
+            if self.is_idle(m, draft=False):
                 return m
             time.sleep(0.25)
         raise AssertionError(f"KV blocks not freed: {m.get('specd_kv_blocks_free')} / "
                              f"{m.get('specd_kv_blocks_total')}, running {m.get('specd_num_requests_running')}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -157,19 +84,7 @@ def tokenize_count(srv, body):
     return out
 
 
-def sse_events(resp):
-    """Yields the parsed data events of an http.client streaming response."""
-    buf = b""
-    while True:
-        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if line.startswith(b"data: "):
-                    yield line[6:].decode()
+sse_events = sp.sse_data  # the parsed data events of an http.client streaming response
 
 
 # ---------------------------------------------------------------- basic API
@@ -563,12 +478,10 @@ def test_draft_lossless_concurrent_with_prefix_caching(srv):
     n > 1 with speculation, and prefix caching + speculation under concurrency), and the spec-decode counters
     of /metrics move."""
     head = tempfile.mkdtemp(prefix="specd_e2e_head_")
-    py = os.environ.get("SPECD_PYTHON", sys.executable)
-    src = os.environ.get("SPECD_SOURCE_DIR", os.getcwd())
-    r = subprocess.run([py, os.path.join(src, "tools/eagle3/make_random_head.py"), "--layout", "speculators",
-                        "--out", head, "--seed", "1", "--rope-theta", "100000"], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot make the random head: " + r.stderr.decode()[-300:])
+    try:
+        sp.make_random_head(head, seed=1, rope_theta=100000)
+    except RuntimeError as e:
+        pytest.skip("cannot make the random head: " + str(e)[-300:])
     # a shared prefix of more than two KV blocks (16 tokens each), so prefix caching has full blocks to share
     prefix = ("Question about the planets of the solar system. Answer in one word, without any explanation, "
               "and do not repeat the question. Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus, Neptune. ")

@@ -21,24 +21,16 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
-BUILD = os.environ.get("SPECD_BUILD_DIR", "")
-MODEL = os.environ.get("SPECD_MODEL_GGUF", "")
-SPECD = os.path.join(BUILD, "server", "specd")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyutil"))
+import specd_server as sp  # noqa: E402
+
+MODEL, SPECD = sp.MODEL, sp.SPECD
 if not os.access(SPECD, os.X_OK) or not os.path.exists(MODEL):
     print(f"skip: need {SPECD} and {MODEL}")
     sys.exit(77)
 
 COMMON = ["--max-model-len", "256", "--kv-cache-memory", "64M", "--threads", "1"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def check_config():
@@ -57,12 +49,13 @@ def check_config():
         assert r.returncode == 1 and b"config.json" in r.stderr, r.stderr
     # model/draft pairing: a random EAGLE-3 head for SmolLM2 passes; the same head claiming a different target
     # vocabulary is refused
-    py = os.environ.get("SPECD_PYTHON", sys.executable)
-    src = os.environ.get("SPECD_SOURCE_DIR", os.getcwd())
     with tempfile.TemporaryDirectory() as d:
-        mk = subprocess.run([py, os.path.join(src, "tools/eagle3/make_random_head.py"), "--layout", "speculators",
-                             "--out", d, "--seed", "1", "--rope-theta", "100000"], capture_output=True)
-        if mk.returncode == 0:
+        try:
+            sp.make_random_head(d, seed=1, rope_theta=100000)
+            made = ""
+        except RuntimeError as e:
+            made = str(e)
+        if not made:
             r = run(MODEL, "--draft", d, "--num-speculative-tokens", "3")
             assert r.returncode == 0, r.stderr.decode()
             cfg_path = os.path.join(d, "config.json")
@@ -83,7 +76,7 @@ def check_config():
             r = run(MODEL, "--draft", d)
             assert r.returncode == 1 and b"vocabulary" in r.stderr, r.stderr
         else:
-            print("check-config: random head not made, pairing case skipped:", mk.stderr.decode()[-200:])
+            print("check-config: random head not made, pairing case skipped:", made[-200:])
     r = run(MODEL, "--port", "0")
     assert r.returncode == 1 and b"below the minimum" in r.stderr, r.stderr
     r = run(MODEL, "--speculative-config", '{"method":"medusa","model":"/x"}')
@@ -112,20 +105,16 @@ def notify():
 
     th = threading.Thread(target=listen, daemon=True)
     th.start()
-    port = free_port()
-    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="2000000", OMP_NUM_THREADS="1")
-    env.pop("WATCHDOG_PID", None)
-    log = tempfile.NamedTemporaryFile(prefix="specd_notify_", suffix=".log", delete=False)
-    proc = subprocess.Popen([SPECD, "serve", MODEL, "--port", str(port), *COMMON], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    # started without waiting for /health: READY=1 is what this test waits for
+    srv = sp.Server(COMMON, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": None},
+                    wait=False, log_prefix="specd_notify_")
+    proc, log = srv.proc, srv.log
 
     def complete(max_tokens):
-        req = urllib.request.Request(base + "/v1/completions", data=json.dumps(
-            {"prompt": "Hello", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
+        st, out = srv.post("/v1/completions", {"prompt": "Hello", "max_tokens": max_tokens, "temperature": 0,
+                                               "ignore_eos": True}, timeout=600)
+        assert st == 200, (st, out)
+        return out
 
     try:
         deadline = time.time() + 300
