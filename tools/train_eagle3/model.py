@@ -130,46 +130,76 @@ class Eagle3Train(nn.Module):
         n = self.post_attention_layernorm(h)
         return h + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
 
-    def ttt_forward(self, aux, ids, ttt: int):
+    def ttt_forward(self, aux, ids, ttt: int, need0=None, need1=None):
         """aux f32 [T, 3H_t], ids int64 [T] -> list over steps j < ttt of
         pre-norm h_j [R, H] (R = T-2).  Logits are left to the caller (only
-        the rows in the loss need the lm_head)."""
+        the rows in the loss need the lm_head).
+
+        need0 / need1 (bool [R], optional): the rows whose output is read at
+        step 0 / at steps >= 1 (need1 must imply need0: a row's chain starts at
+        step 0).  Other rows still give their step-0 keys and values (every
+        later row attends to them) but skip the query, attention output, MLP
+        and all later steps; their h rows are returned as zeros.  None = all
+        rows (the reference behaviour).  Prompt rows are ~half of a chat
+        sample and never in the loss, so this halves the layer's work."""
         c = self.cfg
         T = ids.shape[0]
         R = T - 2
         rep = c.num_heads // c.num_kv_heads
-        rows = torch.arange(R, device=ids.device)
+        dev = ids.device
+        rows = torch.arange(R, device=dev)
+        S0 = rows if need0 is None else rows[need0[:R]]
+        S1 = S0 if need1 is None else rows[need1[:R]]
+        if need1 is not None and need0 is not None and bool((need1[:R] & ~need0[:R]).any()):
+            raise ValueError("need1 must imply need0")
+        full0 = S0.numel() == R
         scale = 1.0 / math.sqrt(c.head_dim)
-        causal = rows[None, :] <= rows[:, None]                       # [R, R]
+        H = c.hidden_size
+        # step 0: k, v for every row; q, attention and the tail only for S0
         g = self.fc(aux[:R])
-        hs, diag_k, diag_v = [], [], []
-        k0 = v0 = None
-        for j in range(ttt):
-            tok_idx = (rows + 1 + j).clamp(max=T - 1)
-            tok = torch.where(rows + 1 + j <= T - 1, ids[tok_idx], torch.zeros_like(rows))
-            q, k, v, residual = self._qkv(g, tok, rows + j)
-            if j == 0:
-                k0, v0 = k, v
-            else:
-                diag_k.append(k)
-                diag_v.append(v)
-            K0 = k0.repeat_interleave(rep, 1)                          # [R, nh, D]
-            V0 = v0.repeat_interleave(rep, 1)
-            s0 = torch.einsum("rhd,shd->hrs", q, K0) * scale
-            s0 = s0.masked_fill(~causal[None], float("-inf"))
-            if diag_k:
-                Kd = torch.stack(diag_k, 0).repeat_interleave(rep, 2)  # [j, R, nh, D]
-                Vd = torch.stack(diag_v, 0).repeat_interleave(rep, 2)
-                sd = torch.einsum("rhd,jrhd->hrj", q, Kd) * scale     # [nh, R, j]
-                p = torch.softmax(torch.cat([s0, sd], -1), -1)
-                a = torch.einsum("hrs,shd->rhd", p[..., :R], V0) + \
-                    torch.einsum("hrj,jrhd->rhd", p[..., R:], Vd)
-            else:
-                p = torch.softmax(s0, -1)
-                a = torch.einsum("hrs,shd->rhd", p, V0)
-            h = self._tail(a, residual)
-            hs.append(h)
+        tok0 = ids[1:R + 1]
+        gn = self.hidden_norm(g)
+        x = torch.cat([self.input_layernorm(self.embed[tok0]), gn], -1)
+        k0 = rope(self.k_proj(x).view(R, c.num_kv_heads, c.head_dim), rows, c.rope_theta)
+        v0 = self.v_proj(x).view(R, c.num_kv_heads, c.head_dim)
+        K0 = k0.repeat_interleave(rep, 1)                              # [R, nh, D]
+        V0 = v0.repeat_interleave(rep, 1)
+        xs = x if full0 else x[S0]
+        q = rope(self.q_proj(xs).view(-1, c.num_heads, c.head_dim), S0, c.rope_theta)
+        residual = gn if c.norm_before_residual else g
+        residual = residual if full0 else residual[S0]
+        s0 = torch.einsum("rhd,shd->hrs", q, K0) * scale
+        s0 = s0.masked_fill(~(rows[None, :] <= S0[:, None])[None], float("-inf"))
+        a = torch.einsum("hrs,shd->rhd", torch.softmax(s0, -1), V0)
+        h = self._tail(a, residual)                                    # [|S0|, H]
+        hs = [h if full0 else torch.zeros(R, H, device=dev, dtype=h.dtype).index_copy(0, S0, h)]
+        if ttt == 1:
+            return hs
+        # steps >= 1 over S1: g = the row's previous output
+        if S1.numel() != S0.numel():
+            pos_in_s0 = torch.full((R,), -1, dtype=torch.int64, device=dev)
+            pos_in_s0[S0] = torch.arange(S0.numel(), device=dev)
+            g = h[pos_in_s0[S1]]
+        else:
             g = h
+        causal1 = (rows[None, :] <= S1[:, None])[None]                 # [1, |S1|, R]
+        diag_k, diag_v = [], []
+        for j in range(1, ttt):
+            tok = torch.where(S1 + 1 + j <= T - 1, ids[(S1 + 1 + j).clamp(max=T - 1)], torch.zeros_like(S1))
+            q, k, v, residual = self._qkv(g, tok, S1 + j)
+            diag_k.append(k)
+            diag_v.append(v)
+            s0 = torch.einsum("rhd,shd->hrs", q, K0) * scale
+            s0 = s0.masked_fill(~causal1, float("-inf"))
+            Kd = torch.stack(diag_k, 0).repeat_interleave(rep, 2)      # [j, |S1|, nh, D]
+            Vd = torch.stack(diag_v, 0).repeat_interleave(rep, 2)
+            sd = torch.einsum("rhd,jrhd->hrj", q, Kd) * scale         # [nh, |S1|, j]
+            p = torch.softmax(torch.cat([s0, sd], -1), -1)
+            a = torch.einsum("hrs,shd->rhd", p[..., :R], V0) + \
+                torch.einsum("hrj,jrhd->rhd", p[..., R:], Vd)
+            g = self._tail(a, residual)
+            hs.append(g if S1.numel() == R else
+                      torch.zeros(R, H, device=dev, dtype=g.dtype).index_copy(0, S1, g))
         return hs
 
     def logits(self, h):

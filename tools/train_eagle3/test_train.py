@@ -281,3 +281,27 @@ def test_multi_dump_concatenates(runs):
     assert two.manifest["n_tokens"] == 2 * one.manifest["n_tokens"]
     a, b = one.get(3), two.get(len(one) + 3)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_row_subset_forward_is_exact(runs):
+    """ttt_forward with need0/need1 (prompt rows give only keys/values)
+    equals the all-rows forward on every row it computes."""
+    syn, _, _ = runs
+    model, embed, d2t, t2d = _toy_model(syn, seed=3)
+    s = DumpReader(os.path.join(syn, "dump")).get(2)
+    ids, aux, mask = s["input_ids"], s["aux_hidden"], s["loss_mask"].clone()
+    T = ids.shape[0]
+    R = T - 2
+    mask[: T // 3] = False                       # a prompt
+    mask[T // 2: T // 2 + 3] = False             # and a hole in the response
+    need1 = torch.zeros(R, dtype=torch.bool)
+    for j in range(1, 3):
+        need1[:R - j] |= mask[2 + j:T]
+    need0 = mask[2:T] | need1
+    assert 0 < int(need0.sum()) < R and int(need1.sum()) < int(need0.sum())
+    with torch.no_grad():
+        full = model.ttt_forward(aux, ids, 3)
+        sub = model.ttt_forward(aux, ids, 3, need0, need1)
+    for j in range(3):
+        rr = need0 if j == 0 else need1
+        assert torch.allclose(full[j][rr], sub[j][rr], rtol=1e-5, atol=1e-5), j

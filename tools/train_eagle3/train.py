@@ -205,8 +205,15 @@ def sample_loss(model, s, d2t, t2d, lm_target, ttt, decay, max_len, measure=Fals
                 top_p[c0:c0 + 256] = v / v.sum(-1, keepdim=True)
             else:
                 p_all[c0:c0 + 256] = pd
-    hs = model.ttt_forward(aux, ids, ttt)
     R = T - 2
+    # rows whose outputs are read: step 0 where token t+2 is in the loss,
+    # steps >= 1 where some later token t+2+j is (prompt rows only give keys)
+    need1 = torch.zeros(R, dtype=torch.bool, device=dev)
+    for j in range(1, ttt):
+        if R - j > 0:
+            need1[:R - j] |= mask[2 + j:T]
+    need0 = mask[2:T].clone() | need1
+    hs = model.ttt_forward(aux, ids, ttt, need0, need1)
     rows = torch.arange(R, device=dev)
     total, stats = None, {"rows": [], "loss": [], "acc": []}
     for j, h in enumerate(hs):
