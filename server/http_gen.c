@@ -103,6 +103,13 @@ static int submit_all(http_req *r, oai_error *e) {
     oai_request *q = &r->oreq;
     if (oai_check_ids(q->stop_token_ids, q->n_stop_token_ids, s->vocab, "stop_token_ids", e)) return -1;
     size_t n = q->n_prompts * (size_t)q->n;
+    /* The engine's queue bound counts sequences, and a request's sequences are
+     * queued back to back: one needing more than the bound can never be
+     * admitted, so it is invalid (400), not a 429 the client would retry forever. */
+    int32_t max_waiting = engine_get_config(s->eng)->max_waiting;
+    if (max_waiting > 0 && n > (size_t)max_waiting)
+        return oai_error_set(e, 400, "n", "this request needs %zu sequences (n x prompts) but at most %d can be queued "
+                             "(--max-waiting)", n, max_waiting);
     r->streams = calloc(n, sizeof *r->streams);
     r->choices = calloc(n, sizeof *r->choices);
     r->done = calloc(n, sizeof *r->done);

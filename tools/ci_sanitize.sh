@@ -21,10 +21,10 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:check
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 PY_ONLY='^(kimi_numpy_forward|kimi_mini_generator|kimi_int4_fixture|kimi_pcre2_pattern|kimi_budget_doc|deploy_.*)$'
 ctest --test-dir "$B" --output-on-failure -j "$J" -L unit -E "$PY_ONLY" "$@"
-# The real server under ASan/LSan: fault and hostile-client tests always; the
+# The real server under ASan/LSan: fault, hostile-client and overload tests always; the
 # 44-case server_e2e (about 10 minutes sanitized on 2 cores) with SPECD_ASAN_E2E=1,
 # to keep CI inside its 60-minute budget.
-E2E='^(reliability_faults|reliability_hostile)$'
-[[ "${SPECD_ASAN_E2E:-0}" == 1 ]] && E2E='^(server_e2e|reliability_faults|reliability_hostile)$'
+E2E='^(reliability_faults|reliability_hostile|reliability_overload)$'
+[[ "${SPECD_ASAN_E2E:-0}" == 1 ]] && E2E='^(server_e2e|reliability_faults|reliability_hostile|reliability_overload)$'
 ctest --test-dir "$B" --output-on-failure -j "$J" -R "$E2E" "$@"
 echo "ci_sanitize: ok"
