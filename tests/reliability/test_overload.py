@@ -62,9 +62,10 @@ def srv():
     except RuntimeError as e:
         shutil.rmtree(head, ignore_errors=True)
         pytest.skip(str(e))
+    # --shutdown-timeout 900: the drained stream of step 8 takes ~2 min under ASan on a loaded machine
     s = R.Server(R.MODEL, ["--max-model-len", "512", "--kv-cache-memory", "64M", "--max-num-seqs", "1",
                            "--max-waiting", "3", "--draft", head, "--num-speculative-tokens", "3",
-                           "--shutdown-timeout", "120"])
+                           "--shutdown-timeout", "900"])
     yield s
     s.stop()
     shutil.rmtree(head, ignore_errors=True)
