@@ -12,7 +12,9 @@ directory, made by make_minis.py):
      mask, first/last kept ids);
   3. tools/kimi/make_head.py (numpy, seed 0) writes OUT/kimi_head with that map; its bytes must
      equal tests/fixtures/kimi/head_seed0_sha256.json (regeneration is deterministic);
-  4. `specd vocab inspect OUT/kimi_head --target OUT/k25` must accept the head's map.
+  4. `specd vocab inspect OUT/kimi_head --target OUT/k25` must accept the head's map;
+  5. OUT/kimi_head_bad/<mode>: heads the loader must refuse (make_head.BAD), with the expected
+     phrase of each refusal in OUT/kimi_head_bad.json (kimi_c_spec loads them).
 
 Needs ../shared/data (the Kimi tokenizer in OUT/k25 and prompts/gsm8k_train.jsonl) and the specd
 binary: without them it prints why and exits 77 (kimi_c_spec then uses the random head).
@@ -133,6 +135,9 @@ def main() -> int:
         if s != want_head[f]:
             bad.append(f"head: {f} sha256 {s}, expected {want_head[f]} (generator not deterministic?)")
     run([specd, "vocab", "inspect", hdir, "--target", target])
+    bad_root = os.path.join(out, "kimi_head_bad")
+    with open(os.path.join(bad_root + ".json"), "w") as f:
+        json.dump(make_head.make_bad(0, mdir, bad_root), f, indent=1)
 
     if bad:
         for b in bad:

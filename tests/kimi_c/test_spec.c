@@ -20,6 +20,10 @@
  *     tokenizer: loading that under the CI sanitizer stage's
  *     strict_string_checks takes minutes (tiktoken.c's strtol). The whole
  *     server path, real tokenizer included, is kimi_c_spec_server's;
+ *   - heads that do not fit the miniature (wrong target hidden size, DeepSeek-V3's
+ *     vocabulary, absolute d2t, no map, inconsistent t2d, an aux id past the
+ *     last layer; tools/kimi/make_head.py BAD) are refused by eagle3_load with
+ *     the expected reason;
  *   - an oracle proposer that drafts the reference continuation with every
  *     third draft corrupted, k = 3, 8 requests: verify batches accept, reject
  *     and correct (a random-weight head accepts almost nothing; this covers
@@ -264,6 +268,42 @@ static void test_eagle3_head(void **stt) {
     st_close(hw);
 }
 
+/* The loader refuses heads that do not fit the miniature (make_head.BAD, written by kimi_c_head_setup
+ * with the phrase each refusal must contain in kimi_head_bad.json). */
+static void test_refusals(void **stt) {
+    (void)stt;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/../kimi_head_bad.json", kc_mini_dir("k25"));
+    json_error_t je;
+    json_t *want = json_load_file(path, 0, &je);
+    if (!want) {
+        printf("kimi_c_spec: NOTE: %s absent (kimi_c_head_setup skipped): no refusal checks\n", path);
+        return;
+    }
+    const char *mode;
+    json_t *phrase;
+    int n = 0;
+    json_object_foreach(want, mode, phrase) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/../kimi_head_bad/%s", kc_mini_dir("k25"), mode);
+        eagle3_opts o = {0};
+        spec_proposer *p = NULL;
+        specd_err err = {{0}};
+        if (eagle3_load(dir, g_model, &o, &p, &err) == 0) {
+            eagle3_destroy(p);
+            fail_msg("head %s loaded against the miniature; expected a refusal with '%s'", mode,
+                     json_string_value(phrase));
+        }
+        assert_null(p);
+        if (!strstr(err.msg, json_string_value(phrase)))
+            fail_msg("head %s refused with '%s', expected '%s'", mode, err.msg, json_string_value(phrase));
+        printf("kimi_c_spec: refused %s: %s\n", mode, err.msg);
+        n++;
+    }
+    assert_true(n >= 6);
+    json_decref(want);
+}
+
 static void test_oracle(void **stt) {
     (void)stt;
     engine_stats st;
@@ -306,6 +346,7 @@ int main(void) {
     json_decref(fx);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eagle3_head),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_oracle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

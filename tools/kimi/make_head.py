@@ -29,7 +29,10 @@ values. All bf16. No embed_tokens: the target's embedding is shared. Random weig
 proposes tokens in the draft vocabulary, it is not trained; lossless speculative decoding needs
 a head, not a good one (acceptance comes from the oracle test in kimi_c_spec).
 
-Usage: make_head.py --vocab-map DIR --out DIR [--seed 0] [--mini DIR (checks sizes)]
+make_bad() writes heads the loader must refuse against the miniature (BAD: wrong target hidden size,
+DeepSeek-V3's vocabulary, absolute d2t, no map, inconsistent t2d, an aux id past the last layer).
+
+Usage: make_head.py --vocab-map DIR --out DIR [--seed 0] [--mini DIR (checks sizes)] [--bad DIR]
 """
 import argparse
 import json
@@ -128,6 +131,57 @@ def make(seed: int, vocab_map: str, out: str) -> dict:
     return {f: mm.sha256_file(os.path.join(out, f)) for f in ("config.json", "model.safetensors")}
 
 
+# Heads the real loader must refuse against the miniature (mode: (defect, a phrase of specd's refusal)).
+BAD = {
+    "hidden": ("built for a target of hidden size 256 (target_hidden_size 256, fc [128, 768])",
+               "target_hidden_size 256 does not match the target's hidden size 128"),
+    "vocab": ("built for DeepSeek-V3's vocabulary (vocab_size 129280, t2d [129280])",
+              "t2d has 129280 entries, the target vocabulary has 163840"),
+    "absolute-d2t": ("d2t holds absolute target ids instead of offsets", "d2t looks like absolute ids"),
+    "no-map": ("d2t and t2d left out while the draft vocabulary is smaller than the target's", "has no d2t"),
+    "t2d-mismatch": ("t2d marks one id d2t never maps to and misses one it does",
+                     "t2d is inconsistent with d2t"),
+    "aux-outside": ("eagle_config ids [0, 2, 6]: the output of layer 6 of a 6-layer target",
+                    "is outside the 6-layer target"),
+}
+
+
+def make_bad(seed: int, vocab_map: str, root: str) -> dict:
+    """Writes one head per BAD mode under root/<mode>/; returns {mode: refusal phrase}."""
+    d2t, t2d = read_map(vocab_map)
+    used = np.arange(DRAFT_VOCAB, dtype=np.int64) + d2t
+    for mode in BAD:
+        cfg, ts = config(), tensors(seed, d2t, t2d)
+        byname = {n: i for i, (n, _, _) in enumerate(ts)}
+        if mode == "hidden":
+            cfg["target_hidden_size"] = 2 * H
+            w = mm.values(seed, "eagle3.fc.weight.hidden256", (H, 6 * H), 1 / np.sqrt(6 * H))
+            ts[byname["fc.weight"]] = ("fc.weight", mm.f32_to_bf16_bits(w), "BF16")
+        elif mode == "vocab":
+            cfg["vocab_size"] = 129280
+            t = np.zeros(129280, dtype=np.uint8)
+            t[used[used < 129280]] = 1
+            ts[byname["t2d"]] = ("t2d", t, "BOOL")
+        elif mode == "absolute-d2t":
+            ts[byname["d2t"]] = ("d2t", used.astype("<i8"), "I64")
+        elif mode == "no-map":
+            ts = [t for t in ts if t[0] not in ("d2t", "t2d")]
+        elif mode == "t2d-mismatch":
+            t = t2d.astype(np.uint8).copy()
+            t[used[len(used) // 2]] = 0
+            t[int(np.nonzero(t2d == 0)[0][0])] = 1
+            ts[byname["t2d"]] = ("t2d", t, "BOOL")
+        elif mode == "aux-outside":
+            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 2, 6]
+        out = os.path.join(root, mode)
+        os.makedirs(out, exist_ok=True)
+        mm.write_safetensors(os.path.join(out, "model.safetensors"), ts)
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return {m: v[1] for m, v in BAD.items()}
+
+
 def check_target(mini: str) -> None:
     """The head's sizes against the miniature's config (hidden, vocab, layer count)."""
     cfg = json.load(open(os.path.join(mini, "config.json")))
@@ -143,11 +197,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mini", help="the target miniature directory (sizes checked)")
+    ap.add_argument("--bad", help="also write the BAD heads under this directory")
     a = ap.parse_args(argv)
     if a.mini:
         check_target(a.mini)
     for f, s in make(a.seed, a.vocab_map, a.out).items():
         print(f"{s}  {f}")
+    if a.bad:
+        for m, why in make_bad(a.seed, a.vocab_map, a.bad).items():
+            print(f"{a.bad}/{m}: refused with '{why}'")
     return 0
 
 
