@@ -17,7 +17,7 @@
  * work over output rows/tokens/heads, never inside one reduction.
  *
  * Threading: ops are called from the engine thread only; the CPU backend
- * parallelises internally with OpenMP.
+ * parallelises internally with its own thread pool (engine/backend/threadpool.c).
  */
 #ifndef SPECD_BACKEND_BACKEND_H
 #define SPECD_BACKEND_BACKEND_H
@@ -111,9 +111,10 @@ typedef struct backend {
     void *ctx;
 } backend;
 
-/* CPU backend. n_threads <= 0: OpenMP default. AVX2/FMA paths are chosen at
- * run time when the CPU has them (the portable path is the fallback); results
- * are batch-invariant on one machine, not bit-identical across paths.
+/* CPU backend. n_threads <= 0: OMP_NUM_THREADS if set, else one per online
+ * core. AVX2/FMA/F16C paths are chosen at run time when the CPU has them
+ * (SPECD_CPU_PORTABLE=1 forces the portable path); results are batch-invariant
+ * on one machine, not bit-identical across paths.
  * Returns NULL on allocation failure. */
 backend *bk_cpu_create(int n_threads);
 void bk_cpu_destroy(backend *b);

@@ -11,14 +11,23 @@
  * Memory traffic: batch-1 decode is bound by weight bytes. Rows are processed
  * in chunks so a weight row is read from memory once and reused from L1 for
  * all T tokens (what makes verifying k+1 tokens cost about one decode).
- * Quantized weights are used in their packed blocks with f32 activations
- * (dequantize-in-register), so results match a f32 reference that dequantizes
- * the same weights up to f32 rounding of the reduction order.
+ * Block-quantized weights (Q8_0, Q4_0, Q4_1) are used in their packed blocks
+ * and dotted in integers with activations quantized to int16 with one scale
+ * per group of 4 columns (x ~= s * X, s = max|x| / 32767 over the group,
+ * X = round-to-nearest-even(x / s)): the dot q.X is exact in int32, then
+ * scaled by d * s in f32. The error per element is <= 1.5e-5 of its group's
+ * max|x|; measured on SmolLM2 (tests/model/test_model_logits.c), logits stay
+ * within 2e-4 * max|logit| of a f32 transformers reference, where llama.cpp's
+ * int8 activations (Q8_0/Q8_1 per 32) land 1-4e-2 away on the same model. Plain rows (f32,
+ * bf16, f16) and I4G32 keep f32 activations (dequantize-in-register).
+ * The activation quantization is a function of each token's row alone, so
+ * batch invariance holds as before.
  *
  * Block formats: ggml-quants.h (Q8_0, Q4_0, Q4_1); compressed-tensors
  * pack_to_int32 for I4G32 (verified by the Kimi tests against the package).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,17 +133,15 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* ------------------------------------------------------------- row dots
- *
- * A weight row is first unpacked (exactly: small integers or bf16/f16 values
- * are representable in f32) into qf[cols] plus per-block scales d[] and mins
- * m[]; then dotted with one or four activation rows. The arithmetic applied to
- * one token is identical in dot1 and dot4 (same operations, same order), so
- * y[t][r] does not depend on how many tokens share the step.
- *   plain rows (f32/bf16/f16):  sum over 8-lane FMA chain, fixed hsum.
- *   block rows (Q8_0/Q4_0/Q4_1): per 32-block s_b = q.x (4 x 8-lane FMA),
- *     acc = fma(d_b, s_b, acc); accm += m_b * xs_b (Q4_1: m_b = min;
- *     Q4_0: m_b = -8 d_b, i.e. d(q-8)); y = hsum(acc) + accm.
+/* ------------------------------------------------ portable row dots
+ * The path without AVX2 (or with SPECD_CPU_PORTABLE=1). A weight row is first
+ * unpacked (exactly: small integers or bf16/f16 values are representable in
+ * f32) into qf[cols] plus per-block scales d[] and mins m[]; then dotted with
+ * each token's activation row by dot1_scalar, the same code for every token:
+ *   plain rows (f32/bf16/f16/I4G32): 8 interleaved partial sums, fixed order.
+ *   block rows (Q8_0/Q4_0/Q4_1): per 32-block s_b = q.x, acc += d_b * s_b,
+ *     accm += m_b * xs_b (Q4_1: m_b = min; Q4_0: m_b = -8 d_b, i.e. d(q-8));
+ *     y = acc + accm.
  */
 
 typedef struct row_buf {
@@ -182,47 +189,6 @@ static void unpack_row_scalar(const bk_weight *w, int64_t r, row_buf *rb) {
     }
 }
 
-/* NT = 1 or 4 tokens at once; per-token arithmetic identical for both. */
-#define DEF_DOT_AVX2(NT)                                                                                           \
-    __attribute__((target("avx2,fma"))) static void dot##NT##_avx2(const row_buf *rb, int64_t n, const float *x, \
-                                                                     size_t ldx, const float *xs, size_t ldxs,     \
-                                                                     float *out) {                                 \
-        __m256 acc[NT];                                                                                            \
-        float accm[NT];                                                                                            \
-        for (int u = 0; u < NT; u++) { acc[u] = _mm256_setzero_ps(); accm[u] = 0; }                              \
-        if (rb->blocked) {                                                                                         \
-            for (int64_t b = 0; b < n / 32; b++) {                                                                 \
-                const float *q = rb->qf + b * 32;                                                                  \
-                __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8), q2 = _mm256_loadu_ps(q + 16),         \
-                       q3 = _mm256_loadu_ps(q + 24), d = _mm256_set1_ps(rb->d[b]);                                 \
-                for (int u = 0; u < NT; u++) {                                                                     \
-                    const float *xb = x + (size_t)u * ldx + b * 32;                                                \
-                    __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));                                             \
-                    s = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xb + 8), s);                                           \
-                    s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb + 16), s);                                          \
-                    s = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb + 24), s);                                          \
-                    acc[u] = _mm256_fmadd_ps(d, s, acc[u]);                                                        \
-                    if (rb->has_m) accm[u] += rb->m[b] * xs[(size_t)u * ldxs + b];                                 \
-                }                                                                                                  \
-            }                                                                                                      \
-            for (int u = 0; u < NT; u++) out[u] = hsum8(acc[u]) + accm[u];                                         \
-        } else {                                                                                                   \
-            int64_t i = 0;                                                                                         \
-            for (; i + 8 <= n; i += 8) {                                                                           \
-                __m256 wv = _mm256_loadu_ps(rb->qf + i);                                                           \
-                for (int u = 0; u < NT; u++)                                                                       \
-                    acc[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)u * ldx + i), acc[u]);                \
-            }                                                                                                      \
-            for (int u = 0; u < NT; u++) {                                                                         \
-                float s = hsum8(acc[u]);                                                                           \
-                for (int64_t j = i; j < n; j++) s += rb->qf[j] * x[(size_t)u * ldx + j];                           \
-                out[u] = s;                                                                                        \
-            }                                                                                                      \
-        }                                                                                                          \
-    }
-DEF_DOT_AVX2(1)
-DEF_DOT_AVX2(4)
-
 static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const float *xs) {
     if (!rb->blocked) {
         float acc[8] = {0}, s = 0;
@@ -242,56 +208,23 @@ static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const flo
     return acc + accm;
 }
 
-/* ------------------------------------------------------ fused dots (AVX2)
- * The weight row is dequantized in registers, 32 values at a time, to the f32
- * weights w = d*q + m (Q4_1), d*(q-8) (Q4_0), d*q (Q8_0), or the bf16 / f16 /
- * f32 values themselves, and dotted with 1 or 4 activation rows. Per token the
+/* ------------------------------------------------ plain-row dots (AVX2)
+ * f32 / bf16 / f16 weight rows are loaded (converted in registers to f32) 32
+ * values at a time and dotted with 1..4 activation rows. Per token the
  * sequence is always: for each 32-block, a = fma(w0,x0,a); b = fma(w1,x1,b);
- * a = fma(w2,x2,a); b = fma(w3,x3,b); then y = hsum(a + b) (+ a scalar tail
- * for plain rows whose length is not a multiple of 32). The 1- and 4-token
- * (and 2-, 3-token) variants execute exactly this sequence per token, so y does not depend on
- * how many tokens share the step (batch invariance), and the 4-token variant
- * decodes each weight block once for four tokens (verify / prefill).
- * Two accumulators per token break the FMA latency chain. */
+ * a = fma(w2,x2,a); b = fma(w3,x3,b); then y = hsum(a + b) + a scalar tail
+ * for rows whose length is not a multiple of 32. The 1- to 4-token variants
+ * execute exactly this sequence per token, so y does not depend on how many
+ * tokens share the step (batch invariance), and the 4-token variant reads
+ * each weight block once for four tokens (verify / prefill). Two accumulators
+ * per token break the FMA latency chain. */
 
+/* Block formats (integer-activation dots below) and plain formats (f32 dots). */
 typedef enum { FK_Q8_0, FK_Q4_0, FK_Q4_1, FK_F32, FK_BF16, FK_F16 } fused_kind;
 
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void fused_load(fused_kind k, const uint8_t *w, int64_t b,
                                                                         __m256 *v) {
-    const __m128i lomask = _mm_set1_epi8(0x0f);
     switch (k) {
-    case FK_Q4_0:
-    case FK_Q4_1: {
-        const uint8_t *blk = w + (size_t)b * (k == FK_Q4_1 ? 20 : 18);
-        uint16_t d16, m16 = 0;
-        memcpy(&d16, blk, 2);
-        if (k == FK_Q4_1) memcpy(&m16, blk + 2, 2);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (k == FK_Q4_1 ? 4 : 2)));
-        __m128i lo = _mm_and_si128(raw, lomask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), lomask);
-        __m256 q[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))};
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
-        if (k == FK_Q4_1) {
-            const __m256 m = _mm256_set1_ps(_cvtsh_ss(m16));
-            for (int i = 0; i < 4; i++) v[i] = _mm256_fmadd_ps(d, q[i], m);
-        } else {
-            const __m256 eight = _mm256_set1_ps(8.0f);
-            for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(d, _mm256_sub_ps(q[i], eight));
-        }
-        return;
-    }
-    case FK_Q8_0: {
-        const uint8_t *blk = w + (size_t)b * 34;
-        uint16_t d16;
-        memcpy(&d16, blk, 2);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
-        for (int i = 0; i < 4; i++)
-            v[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                        _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * i)))));
-        return;
-    }
     case FK_F32:
         for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps((const float *)(const void *)w + b * 32 + 8 * i);
         return;
@@ -304,6 +237,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void fused
     case FK_F16:
         for (int i = 0; i < 4; i++)
             v[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(w + 2 * (size_t)(b * 32 + 8 * i))));
+        return;
+    default: /* block formats never come here (integer-activation path) */
         return;
     }
 }
@@ -343,18 +278,219 @@ static inline float plain_at(fused_kind k, const uint8_t *w, int64_t i) {
         }                                                                                                          \
     }
 #define DEF_DOT_KIND(K) DEF_DOT_FUSED(1, K) DEF_DOT_FUSED(2, K) DEF_DOT_FUSED(3, K) DEF_DOT_FUSED(4, K)
-DEF_DOT_KIND(FK_Q8_0)
-DEF_DOT_KIND(FK_Q4_0)
-DEF_DOT_KIND(FK_Q4_1)
 DEF_DOT_KIND(FK_F32)
 DEF_DOT_KIND(FK_BF16)
 DEF_DOT_KIND(FK_F16)
 
 typedef void (*fdot_fn)(const uint8_t *w, int64_t n, const float *x, size_t ldx, float *out);
-static const fdot_fn FDOT1[] = {fdot1_FK_Q8_0, fdot1_FK_Q4_0, fdot1_FK_Q4_1, fdot1_FK_F32, fdot1_FK_BF16, fdot1_FK_F16};
-static const fdot_fn FDOT2[] = {fdot2_FK_Q8_0, fdot2_FK_Q4_0, fdot2_FK_Q4_1, fdot2_FK_F32, fdot2_FK_BF16, fdot2_FK_F16};
-static const fdot_fn FDOT3[] = {fdot3_FK_Q8_0, fdot3_FK_Q4_0, fdot3_FK_Q4_1, fdot3_FK_F32, fdot3_FK_BF16, fdot3_FK_F16};
-static const fdot_fn FDOT4[] = {fdot4_FK_Q8_0, fdot4_FK_Q4_0, fdot4_FK_Q4_1, fdot4_FK_F32, fdot4_FK_BF16, fdot4_FK_F16};
+static const fdot_fn FDOT1[] = {fdot1_FK_F32, fdot1_FK_BF16, fdot1_FK_F16};
+static const fdot_fn FDOT2[] = {fdot2_FK_F32, fdot2_FK_BF16, fdot2_FK_F16};
+static const fdot_fn FDOT3[] = {fdot3_FK_F32, fdot3_FK_BF16, fdot3_FK_F16};
+static const fdot_fn FDOT4[] = {fdot4_FK_F32, fdot4_FK_BF16, fdot4_FK_F16};
+
+/* ---------------------------------------------------- I4G32 dots (AVX2)
+ * compressed-tensors int4 rows with f32 activations. Per group of 32 columns
+ * (one bf16 scale s) the 16 possible weights bf16(q * s), q = -8..7, are
+ * computed once into two 8-lane tables (q*s is exact in f32; the bf16
+ * rounding is round-to-nearest-even on the bits, as f32_round_bf16), and
+ * each int32 word's 8 nibbles select their weights with two permutes and a
+ * blend on the nibble's bit 3. The values are those of bk_weight_row_f32;
+ * per token the FMA sequence is the plain rows' (a/b accumulators over the
+ * group's 4 words, y = hsum(a + b)), identical in the 1..4-token variants. */
+
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 bf16_round8(__m256 v) {
+    __m256i b = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    b = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+    return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 i4_word8(uint32_t word, __m256 lut_neg,
+                                                                                 __m256 lut_pos) {
+    const __m256i n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word),
+                                                         _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                       _mm256_set1_epi32(0xf));
+    const __m256 lo = _mm256_permutevar8x32_ps(lut_neg, n), hi = _mm256_permutevar8x32_ps(lut_pos, n);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(n, 28)));
+}
+
+#define DEF_DOT_I4(NT)                                                                                             \
+    __attribute__((target("avx2,fma"))) static void i4dot##NT(const uint8_t *w, const uint8_t *sc, int64_t n,     \
+                                                              const float *x, size_t ldx, float *out) {            \
+        __m256 a[NT], bb[NT];                                                                                      \
+        for (int u = 0; u < NT; u++) { a[u] = _mm256_setzero_ps(); bb[u] = _mm256_setzero_ps(); }                \
+        const __m256 qneg = _mm256_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1), qpos = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); \
+        for (int64_t g = 0; g < n / 32; g++) {                                                                     \
+            uint16_t s16;                                                                                          \
+            memcpy(&s16, sc + 2 * g, 2);                                                                           \
+            const __m256 s = _mm256_set1_ps(bf16_to_f32(s16));                                                     \
+            const __m256 lneg = bf16_round8(_mm256_mul_ps(qneg, s)), lpos = bf16_round8(_mm256_mul_ps(qpos, s));  \
+            __m256 v[4];                                                                                           \
+            for (int i = 0; i < 4; i++) {                                                                          \
+                uint32_t word;                                                                                     \
+                memcpy(&word, w + 16 * g + 4 * i, 4);                                                              \
+                v[i] = i4_word8(word, lneg, lpos);                                                                 \
+            }                                                                                                      \
+            for (int u = 0; u < NT; u++) {                                                                         \
+                const float *xb = x + (size_t)u * ldx + g * 32;                                                    \
+                a[u] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), a[u]);                                           \
+                bb[u] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), bb[u]);                                     \
+                a[u] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), a[u]);                                      \
+                bb[u] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), bb[u]);                                    \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int u = 0; u < NT; u++) out[u] = hsum8(_mm256_add_ps(a[u], bb[u]));                                   \
+    }
+DEF_DOT_I4(1)
+DEF_DOT_I4(2)
+DEF_DOT_I4(3)
+DEF_DOT_I4(4)
+typedef void (*i4dot_fn)(const uint8_t *w, const uint8_t *sc, int64_t n, const float *x, size_t ldx, float *out);
+static const i4dot_fn I4DOT[4] = {i4dot1, i4dot2, i4dot3, i4dot4};
+
+/* --------------------------------------------- integer-activation dots
+ * Per 32-block b of a Q8_0 / Q4_0 / Q4_1 row: the 32 weight integers q (Q8_0:
+ * int8; Q4_x: the unsigned nibbles 0..15, low nibbles = columns 0..15) are
+ * widened to int16 and multiplied with the token's int16 activations X by
+ * vpmaddwd: lane l of P sums the 4 products of columns 2l, 2l+1, 16+2l and
+ * 17+2l, exact in int32 (|P lane| <=
+ * 4 * 128 * 32767 < 2^24, so its f32 conversion is exact too). Then
+ *   acc = fma(f32(P), d_b * s_b, acc)        (8 lanes; s_b[l] the scale of
+ *                                             lane l's 4 columns)
+ *   accm = fma(m_b, xsum_b, accm)            (8 blocks per lane, see below;
+ *                                             Q4_1: m = min; Q4_0: m = -8 d)
+ * with w = d*q + m the block's dequantized weights and xsum_b the f32 sum of
+ * the token's original activations in block b. Even blocks go to acc0, odd
+ * blocks to acc1, which breaks the FMA latency chain; y = hsum(acc0 + acc1)
+ * + (hsum(accm) + the scalar m-terms of chunk tails). The 1..4-token variants
+ * execute exactly this per token (batch invariance). */
+
+typedef struct xq_rows {
+    const int16_t *X; /* [T][cols] */
+    const float *s;   /* [T][nb][8] lane-group scales (0 for all-zero columns, NaN if one is not finite) */
+    const float *sum; /* [T][nb] f32 block sums of x */
+} xq_rows;
+
+/* Quantizes one activation row x[cols] (cols % 32 == 0) to X[cols], the
+ * lane-group scales s[nb * 8] and the block sums sum[nb]. A group holding
+ * Inf/NaN gets s = NaN so the dot is NaN, as the f32 dot would be. */
+static void quant_row_i16(const float *x, int64_t cols, int16_t *X, float *s, float *sum) {
+    for (int64_t b = 0; b < cols / 32; b++) {
+        const float *xb = x + b * 32;
+        float acc = 0;
+        for (int i = 0; i < 32; i++) acc += xb[i];
+        sum[b] = acc;
+        for (int l = 0; l < 8; l++) { /* lane l: columns 2l, 2l+1, 16+2l, 16+2l+1 of the block */
+            const int c[4] = {2 * l, 2 * l + 1, 16 + 2 * l, 17 + 2 * l};
+            float amax = 0;
+            int bad = 0;
+            for (int i = 0; i < 4; i++) {
+                const float a = fabsf(xb[c[i]]);
+                bad |= !isfinite(xb[c[i]]);
+                if (a > amax) amax = a;
+            }
+            if (bad || amax == 0.0f) {
+                for (int i = 0; i < 4; i++) X[b * 32 + c[i]] = 0;
+                s[b * 8 + l] = bad ? NAN : 0.0f;
+                continue;
+            }
+            const float inv = 32767.0f / amax;
+            s[b * 8 + l] = amax / 32767.0f;
+            for (int i = 0; i < 4; i++) {
+                long q = lrintf(xb[c[i]] * inv);
+                X[b * 32 + c[i]] = (int16_t)(q > 32767 ? 32767 : q < -32767 ? -32767 : q);
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_load(fused_kind k, const uint8_t *w,
+                                                                                  int64_t b, __m256i *w0,
+                                                                                  __m256i *w1, float *d, float *m) {
+    uint16_t d16, m16;
+    if (k == FK_Q8_0) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        memcpy(&d16, blk, 2);
+        *d = _cvtsh_ss(d16);
+        *m = 0.0f;
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
+        return;
+    }
+    const int q41 = k == FK_Q4_1;
+    const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
+    memcpy(&d16, blk, 2);
+    *d = _cvtsh_ss(d16);
+    if (q41) { memcpy(&m16, blk + 2, 2); *m = _cvtsh_ss(m16); }
+    else *m = -8.0f * *d;
+    const __m128i lomask = _mm_set1_epi8(0x0f);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
+    *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lomask));
+    *w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), lomask));
+}
+
+#define IDOT_BLOCK(K, NT, b, acc)                                                                                  \
+    do {                                                                                                           \
+        __m256i w0, w1;                                                                                            \
+        float d;                                                                                                   \
+        iq_load(K, w, b, &w0, &w1, &d, &mb[(b) - c0]);                                                            \
+        const __m256 dv = _mm256_set1_ps(d);                                                                       \
+        for (int u = 0; u < NT; u++) {                                                                             \
+            const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + (b) * 32;                               \
+            const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)(b);                                        \
+            const __m256i p = _mm256_add_epi32(                                                                    \
+                _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xb)),                      \
+                _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xb + 16))));              \
+            const __m256 sc = _mm256_mul_ps(dv, _mm256_loadu_ps(xq->s + 8 * sb));                                  \
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[u]);                                           \
+        }                                                                                                          \
+    } while (0)
+
+/* Blocks are taken in chunks of IDOT_CHUNK (even, so block parity and thus the
+ * acc0/acc1 assignment do not depend on chunking); the chunk's mins m_b are
+ * kept and dotted with each token's block sums after the chunk, 8 at a time
+ * into accm (+ a scalar tail), which takes the scalar m-term off the per-block
+ * path. */
+#define IDOT_CHUNK 64
+#define DEF_DOT_INT(NT, K)                                                                                         \
+    __attribute__((target("avx2,fma,f16c"))) static void idot##NT##_##K(const uint8_t *w, int64_t cols,          \
+                                                                     const xq_rows *xq, int32_t t0, float *out) { \
+        const int64_t nb = cols / 32;                                                                              \
+        __m256 a0[NT], a1[NT], am[NT];                                                                             \
+        float mt[NT], mb[IDOT_CHUNK];                                                                              \
+        for (int u = 0; u < NT; u++) {                                                                             \
+            a0[u] = a1[u] = am[u] = _mm256_setzero_ps();                                                           \
+            mt[u] = 0.0f;                                                                                          \
+        }                                                                                                          \
+        for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {                                                          \
+            const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;                                       \
+            int64_t b = c0;                                                                                        \
+            for (; b + 1 < c1; b += 2) {                                                                           \
+                IDOT_BLOCK(K, NT, b, a0);                                                                          \
+                IDOT_BLOCK(K, NT, b + 1, a1);                                                                      \
+            }                                                                                                      \
+            if (b < c1) IDOT_BLOCK(K, NT, b, a0);                                                                  \
+            if (K == FK_Q8_0) continue;                                                                            \
+            for (int u = 0; u < NT; u++) {                                                                         \
+                const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;                                 \
+                int64_t i = 0;                                                                                     \
+                for (; i + 8 <= c1 - c0; i += 8)                                                                   \
+                    am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);            \
+                for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];                                                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int u = 0; u < NT; u++)                                                                               \
+            out[u] = hsum8(_mm256_add_ps(a0[u], a1[u])) + (hsum8(am[u]) + mt[u]);                                  \
+    }
+#define DEF_DOT_INT_KIND(K) DEF_DOT_INT(1, K) DEF_DOT_INT(2, K) DEF_DOT_INT(3, K) DEF_DOT_INT(4, K)
+DEF_DOT_INT_KIND(FK_Q8_0)
+DEF_DOT_INT_KIND(FK_Q4_0)
+DEF_DOT_INT_KIND(FK_Q4_1)
+
+typedef void (*idot_fn)(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *out);
+static const idot_fn IDOT[3][4] = {{idot1_FK_Q8_0, idot2_FK_Q8_0, idot3_FK_Q8_0, idot4_FK_Q8_0},
+                                   {idot1_FK_Q4_0, idot2_FK_Q4_0, idot3_FK_Q4_0, idot4_FK_Q4_0},
+                                   {idot1_FK_Q4_1, idot2_FK_Q4_1, idot3_FK_Q4_1, idot4_FK_Q4_1}};
 
 /* ---------------------------------------------------------------- matmul */
 
@@ -362,6 +498,7 @@ typedef struct mm_job {
     cpu_ctx *ctx;
     const bk_weight *w;
     const float *x, *xs;
+    const xq_rows *xq; /* non-NULL: integer-activation path (Q8_0 / Q4_0 / Q4_1 with AVX2) */
     float *y;
     int32_t T;
     int fail;
@@ -373,9 +510,6 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     mm_job *j = va;
     const bk_weight *w = j->w;
     const int64_t rows = w->rows, cols = w->cols, nb = cols / 32;
-    float *s = cpu_scratch_get(j->ctx, tid, (size_t)cols + 2 * (size_t)(nb + 1));
-    if (!s) { j->fail = 1; return; }
-    row_buf rb = {.qf = s, .d = s + cols, .m = s + cols + nb + 1};
     const int avx2 = j->ctx->avx2;
     const float *x = j->x, *xs = j->xs;
     float *y = j->y;
@@ -386,39 +520,60 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
                      : w->type == BK_W_BF16 ? FK_BF16
                      : w->type == BK_W_F16  ? FK_F16
                                             : -1;
-    if (avx2 && kind >= 0) {
+    if (j->xq) { /* kind is FK_Q8_0, FK_Q4_0 or FK_Q4_1 */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            int32_t t = 0;
+            float o4[4];
+            for (; t < j->T; t += 4) {
+                const int32_t n = j->T - t < 4 ? j->T - t : 4;
+                IDOT[kind][n - 1](wr, cols, j->xq, t, o4);
+                for (int32_t u = 0; u < n; u++) y[(size_t)(t + u) * rows + r] = o4[u];
+            }
+        }
+        return;
+    }
+    if (avx2 && w->type == BK_W_I4G32) {
+        const size_t sc_row = (size_t)nb * 2;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            const uint8_t *sr = (const uint8_t *)w->scales + (size_t)r * sc_row;
+            float o4[4];
+            for (int32_t t = 0; t < j->T; t += 4) {
+                const int32_t n = j->T - t < 4 ? j->T - t : 4;
+                I4DOT[n - 1](wr, sr, cols, x + (size_t)t * cols, (size_t)cols, o4);
+                for (int32_t u = 0; u < n; u++) y[(size_t)(t + u) * rows + r] = o4[u];
+            }
+        }
+        return;
+    }
+    if (avx2 && kind >= FK_F32) {
+        const int pk = kind - FK_F32; /* index into the plain-row tables */
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             int32_t t = 0;
             float o4[4];
             for (; t + 4 <= j->T; t += 4) {
-                FDOT4[kind](wr, cols, x + (size_t)t * cols, (size_t)cols, o4);
+                FDOT4[pk](wr, cols, x + (size_t)t * cols, (size_t)cols, o4);
                 for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
             }
             const int32_t rest = j->T - t; /* 0..3 tokens left: one pass over the row */
             if (rest > 0) {
-                const fdot_fn f = rest == 1 ? FDOT1[kind] : rest == 2 ? FDOT2[kind] : FDOT3[kind];
+                const fdot_fn f = rest == 1 ? FDOT1[pk] : rest == 2 ? FDOT2[pk] : FDOT3[pk];
                 f(wr, cols, x + (size_t)t * cols, (size_t)cols, o4);
                 for (int32_t u = 0; u < rest; u++) y[(size_t)(t + u) * rows + r] = o4[u];
             }
         }
         return;
     }
+    /* portable path (no AVX2): unpack the row once, then one scalar dot per token */
+    float *sbuf = cpu_scratch_get(j->ctx, tid, (size_t)cols + 2 * (size_t)(nb + 1));
+    if (!sbuf) { j->fail = 1; return; }
+    row_buf rb = {.qf = sbuf, .d = sbuf + cols, .m = sbuf + cols + nb + 1};
     for (int64_t r = r0; r < r1; r++) {
-        /* portable path, or a format without a fused kernel (I4G32) */
         unpack_row_scalar(w, r, &rb);
-        int32_t t = 0;
-        float o4[4];
-        if (avx2)
-            for (; t + 4 <= j->T; t += 4) {
-                dot4_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
-                for (int u = 0; u < 4; u++) y[(size_t)(t + u) * rows + r] = o4[u];
-            }
-        for (; t < j->T; t++) {
-            if (avx2) dot1_avx2(&rb, cols, x + (size_t)t * cols, (size_t)cols, xs + (size_t)t * nb, (size_t)nb, o4);
-            else o4[0] = dot1_scalar(&rb, cols, x + (size_t)t * cols, xs + (size_t)t * nb);
-            y[(size_t)t * rows + r] = o4[0];
-        }
+        for (int32_t t = 0; t < j->T; t++)
+            y[(size_t)t * rows + r] = dot1_scalar(&rb, cols, x + (size_t)t * cols, xs + (size_t)t * nb);
     }
 }
 
@@ -428,15 +583,30 @@ int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float 
     /* Per-token block sums of x (a function of each activation row alone). */
     float *xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
     if (!xs) return -1;
-    const int fused = ctx->avx2 && w->type != BK_W_I4G32; /* fused dots need no block sums */
-    for (int32_t t = 0; t < T && !fused; t++)
+    for (int32_t t = 0; t < T && !ctx->avx2; t++) /* only the portable path uses them */
         for (int64_t b = 0; b < nb; b++) {
             float s = 0;
             for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];
             xs[(size_t)t * nb + b] = s;
         }
-    mm_job j = {ctx, w, x, xs, y, T, 0};
+    const int integer = ctx->avx2 && (w->type == BK_W_Q8_0 || w->type == BK_W_Q4_0 || w->type == BK_W_Q4_1) &&
+                        cols % 32 == 0;
+    int16_t *X = NULL;
+    float *xsc = NULL;
+    xq_rows xq;
+    if (integer) {
+        X = malloc(sizeof(int16_t) * (size_t)T * (size_t)cols);
+        xsc = malloc(sizeof(float) * 9 * (size_t)T * (size_t)(nb ? nb : 1));
+        if (!X || !xsc) { free(X); free(xsc); free(xs); return -1; }
+        for (int32_t t = 0; t < T; t++)
+            quant_row_i16(x + (size_t)t * cols, cols, X + (size_t)t * cols, xsc + (size_t)t * nb * 8,
+                          xsc + (size_t)T * nb * 8 + (size_t)t * nb);
+        xq = (xq_rows){X, xsc, xsc + (size_t)T * nb * 8};
+    }
+    mm_job j = {ctx, w, x, xs, integer ? &xq : NULL, y, T, 0};
     tpool_run(ctx->pool, mm_rows, &j, w->rows, 16);
+    free(X);
+    free(xsc);
     free(xs);
     return j.fail ? -1 : 0;
 }
