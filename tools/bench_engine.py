@@ -4,6 +4,9 @@ same GGUF with the same thread count, in one run, alternating (so machine
 load hits both alike). specd: tests/perf/perf_model (random prompt ids, one
 pass over the prompt, then one token per step through the paged cache).
 llama.cpp: llama-cpp-python's Llama.eval with the same shapes.
+Both wall tok/s and CPU-time tok/s (1000 / CPU ms per token, all threads of
+the process) are reported; on a shared machine compare the CPU-time figures,
+which other jobs' load disturbs far less than wall time.
 
 Usage: tools/bench_engine.py [--threads 2] [--prompt 128] [--decode 64] [--repeats 3]
          [--llamacpp-python /work/venv-llamacpp/bin/python] [--perf-model build/tests/perf/perf_model]
@@ -17,20 +20,22 @@ from llama_cpp import Llama
 path, T, P, D = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 llm = Llama(model_path=path, n_threads=T, n_threads_batch=T, n_ctx=P + D + 16, n_batch=512, verbose=False)
 toks = [100 + (i * 7919) % 40000 for i in range(P + D)]
-t0 = time.perf_counter(); llm.eval(toks[:P]); t1 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time(); llm.eval(toks[:P]); t1, c1 = time.perf_counter(), time.process_time()
 for i in range(D):
     llm.eval([toks[P + i]])
-t2 = time.perf_counter()
-print(json.dumps({"prefill_tok_s": P / (t1 - t0), "decode_tok_s": D / (t2 - t1)}))
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"prefill_tok_s": P / (t1 - t0), "decode_tok_s": D / (t2 - t1),
+                  "prefill_cpu_tok_s": P / (c1 - c0), "decode_cpu_tok_s": D / (c2 - c1)}))
 """
 
 
 def run_specd(a):
     out = subprocess.run([a.perf_model, a.model, str(a.threads), str(a.prompt), str(a.decode)], capture_output=True,
                          text=True, check=True).stdout
-    pre = float(re.search(r"prefill \d+ tokens: ([\d.]+) tok/s", out).group(1))
-    dec = float(re.search(r"decode \d+ steps: ([\d.]+) tok/s", out).group(1))
-    return {"prefill_tok_s": pre, "decode_tok_s": dec}
+    pre = re.search(r"prefill \d+ tokens: ([\d.]+) tok/s wall, ([\d.]+) ms CPU/token", out)
+    dec = re.search(r"decode \d+ steps: ([\d.]+) tok/s wall, ([\d.]+) ms CPU/step", out)
+    return {"prefill_tok_s": float(pre.group(1)), "decode_tok_s": float(dec.group(1)),
+            "prefill_cpu_tok_s": 1e3 / float(pre.group(2)), "decode_cpu_tok_s": 1e3 / float(dec.group(2))}
 
 
 def run_llama(a):
@@ -54,11 +59,14 @@ def main():
         res["specd"].append(run_specd(a))
         res["llama.cpp"].append(run_llama(a))
     print(f"threads {a.threads}, prompt {a.prompt}, decode {a.decode}, {a.repeats} alternating repeats (median)")
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("prefill_tok_s", "decode_tok_s")} for k, v in res.items()}
+    keys = ("prefill_tok_s", "decode_tok_s", "prefill_cpu_tok_s", "decode_cpu_tok_s")
+    med = {k: {m: statistics.median(r[m] for r in v) for m in keys} for k, v in res.items()}
     for k, v in med.items():
-        print(f"  {k:10s} prefill {v['prefill_tok_s']:8.1f} tok/s   decode {v['decode_tok_s']:7.1f} tok/s")
-    print(f"  ratio specd/llama.cpp: prefill {med['specd']['prefill_tok_s'] / med['llama.cpp']['prefill_tok_s']:.2f}x, "
-          f"decode {med['specd']['decode_tok_s'] / med['llama.cpp']['decode_tok_s']:.2f}x")
+        print(f"  {k:10s} prefill {v['prefill_tok_s']:8.1f} tok/s   decode {v['decode_tok_s']:7.1f} tok/s   "
+              f"(CPU time: prefill {v['prefill_cpu_tok_s']:7.1f}, decode {v['decode_cpu_tok_s']:6.1f} tok/s)")
+    r = {m: med["specd"][m] / med["llama.cpp"][m] for m in keys}
+    print(f"  ratio specd/llama.cpp: prefill {r['prefill_tok_s']:.2f}x, decode {r['decode_tok_s']:.2f}x (wall); "
+          f"prefill {r['prefill_cpu_tok_s']:.2f}x, decode {r['decode_cpu_tok_s']:.2f}x (CPU time)")
     print(json.dumps({"raw": res, "median": med}))
 
 
