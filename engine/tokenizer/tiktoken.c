@@ -79,6 +79,21 @@ static long b64_decode(const char *s, size_t n, unsigned char *out) {
     return (long)o;
 }
 
+/* The rank after "base64 " on one line [P, END): decimal digits only, then
+ * the line end or a final '\r'. Returns it, or -1 for anything else or a
+ * rank >= LIMIT. Bounded by END (no strtol: the text is one buffer, and a
+ * string scan per line would be quadratic under strict sanitizers). */
+static long parse_rank(const char *p, const char *end, long limit) {
+    long r = 0;
+    const char *q = p;
+    for (; q < end && *q >= '0' && *q <= '9'; q++) {
+        r = r * 10 + (*q - '0');
+        if (r >= limit) return -1;
+    }
+    if (q == p || !(q == end || (*q == '\r' && q + 1 == end))) return -1;
+    return r;
+}
+
 static char *slurp(const char *path, size_t *len, specd_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -117,9 +132,8 @@ int tok_create_from_tiktoken(const char *ranks_path, const char *config_path, to
         char *end = nl ? nl : text + len;
         if (end > p) {
             char *sp = memchr(p, ' ', (size_t)(end - p));
-            char *num_end;
-            long r = sp ? strtol(sp + 1, &num_end, 10) : -1;
-            if (!sp || r < 0 || r >= (1L << 24) - TIKTOKEN_N_SPECIAL || (num_end != end && *num_end != '\r')) {
+            long r = sp ? parse_rank(sp + 1, end, (1L << 24) - TIKTOKEN_N_SPECIAL) : -1;
+            if (r < 0) {
                 specd_err_set(err, "line %zu is not \"base64 rank\"", n_lines + 1);
                 goto fail;
             }
@@ -145,7 +159,7 @@ int tok_create_from_tiktoken(const char *ranks_path, const char *config_path, to
         char *end = nl ? nl : text + len;
         if (end > p) {
             char *sp = memchr(p, ' ', (size_t)(end - p));
-            long r = strtol(sp + 1, NULL, 10);
+            long r = parse_rank(sp + 1, end, (1L << 24) - TIKTOKEN_N_SPECIAL); /* valid: pass 1 */
             long bl = b64_decode(p, (size_t)(sp - p), tb);
             if (bl <= 0) {
                 specd_err_set(err, "rank %ld: bad base64", r);
