@@ -117,6 +117,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
                         .max_num_seqs = cfg->max_num_seqs,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens,
                         .max_waiting = cfg->max_waiting,
+                        .max_queue_time_s = cfg->max_queue_time,
                         .enable_prefix_caching = cfg->enable_prefix_caching,
                         .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0};
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {

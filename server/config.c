@@ -38,6 +38,8 @@ const cfg_option specd_serve_options[] = {
      "token budget of one step (prefill is chunked to fit)"},
     {"max-waiting", CFG_INT, "1024", 0, 1 << 20, OFF(max_waiting), CFG_ENGINE, NULL,
      "waiting-queue bound (0 = unbounded); requests beyond it get 429 with Retry-After"},
+    {"max-queue-time", CFG_DOUBLE, "0", 0, 86400, OFF(max_queue_time), CFG_ENGINE, NULL,
+     "seconds a request may wait in the queue before it starts; past it, 503 (0 = no limit)"},
     {"block-size", CFG_INT, "16", 1, 1024, OFF(block_size), CFG_ENGINE, NULL, "KV cache tokens per block"},
     {"enable-prefix-caching", CFG_BOOL, "false", NOB, OFF(enable_prefix_caching), CFG_ENGINE, NULL,
      "reuse full KV blocks across requests (SHA-256 keyed, LRU eviction)"},

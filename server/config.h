@@ -81,6 +81,7 @@ typedef struct specd_config {
     int32_t max_num_seqs;
     int32_t max_num_batched_tokens;
     int32_t max_waiting;
+    double max_queue_time;     /* seconds, 0 = no limit */
     int32_t block_size;
     bool enable_prefix_caching;
     int64_t kv_cache_memory;   /* bytes */

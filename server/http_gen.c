@@ -210,6 +210,7 @@ static int pump(http_req *r) {
                 if (!c->discard_generated) r->completion_tokens_total += o->n_completion_tokens;
                 if (o->finish == FINISH_ERROR || o->finish == FINISH_ABORT) {
                     r->any_error = true;
+                    if (o->finish == FINISH_ERROR && o->error_status) r->error_status = o->error_status;
                     snprintf(r->error_msg, sizeof r->error_msg, "%s",
                              o->finish == FINISH_ERROR ? (o->error[0] ? o->error : "internal error")
                                                        : "the request was aborted");
@@ -222,7 +223,7 @@ static int pump(http_req *r) {
                 bool lp = r->oreq.logprobs >= 0 && o->logprobs && o->n_tokens;
                 if (o->finish == FINISH_ERROR || o->finish == FINISH_ABORT) {
                     oai_error e;
-                    oai_error_set(&e, 500, NULL, "%s", r->error_msg);
+                    oai_error_set(&e, r->error_status ? r->error_status : 500, NULL, "%s", r->error_msg);
                     size_t n = 0;
                     rc = out_take(r, oai_error_sse(&e, &n));
                 } else if (o->text_len || lp || o->finish != FINISH_NONE) {
@@ -264,8 +265,8 @@ static enum MHD_Result finish_json(http_req *r) {
         oai_error e;
         /* aborted by the shutdown timeout: the client may retry elsewhere */
         bool draining = atomic_load(&r->srv->state) == HTTP_DRAINING;
-        oai_error_set(&e, draining ? 503 : 500, NULL, "%s%s", r->error_msg,
-                      draining ? " (the server is shutting down)" : "");
+        oai_error_set(&e, r->error_status ? r->error_status : draining ? 503 : 500, NULL, "%s%s", r->error_msg,
+                      draining && !r->error_status ? " (the server is shutting down)" : "");
         return http_send_error(r, &e);
     }
     /* echo: prepend the prompt text to every choice of its prompt */

@@ -85,6 +85,7 @@ struct http_req {
     size_t *echo_len;
     int n_done;
     bool any_error;
+    int32_t error_status;   /* engine_output.error_status of the first error (503: overloaded), 0 = 500 */
     char error_msg[256];
     /* streaming output buffer (SSE bytes not yet handed to MHD) */
     char *out;

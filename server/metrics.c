@@ -175,6 +175,8 @@ char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *le
         scalar(&b, "prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache",
                (double)es->prefix_cache_hits_total);
         scalar(&b, "num_preemptions_total", "counter", "Sequences preempted (recompute)", (double)es->preemptions_total);
+        scalar(&b, "num_queue_timeouts_total", "counter", "Requests refused with 503 after --max-queue-time in the queue",
+               (double)es->queue_timeouts_total);
         scalar(&b, "engine_steps_total", "counter", "Engine steps run", (double)es->steps_total);
         static const char *reasons[5] = {"none", "stop", "length", "abort", "error"};
         head(&b, "request_success_total", "counter", "Finished sequences by finish reason");

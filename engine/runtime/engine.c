@@ -147,6 +147,7 @@ void engine_push_output(engine *e, sched_seq *s, const char *error) {
     o->finish = d->finish;
     snprintf(o->stop_reason, sizeof o->stop_reason, "%s", d->stop_reason);
     o->stop_token_id = d->stop_token_id;
+    o->error_status = s->error_status;
     o->n_prompt_tokens = s->n_prompt;
     o->n_completion_tokens = s->post.n_out;
     o->n_cached_prompt_tokens = s->n_cached_prompt;
@@ -424,6 +425,7 @@ void engine_publish_stats(engine *e) {
     t->prefix_cache_queries_total = e->pc_queries;
     t->prefix_cache_hits_total = e->pc_hits;
     t->preemptions_total = e->preemptions;
+    t->queue_timeouts_total = e->queue_timeouts;
     memcpy(t->requests_finished_total, e->finished, sizeof e->finished);
     t->steps_total = e->steps;
     t->spec_max_k = e->proposer ? e->cfg.num_speculative_tokens : 0;

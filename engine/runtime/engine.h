@@ -99,6 +99,8 @@ typedef struct engine_output {
     int32_t n_cached_prompt_tokens;         /* prefix-cache hits */
     double ttft_s;                          /* set on the first output: submit -> first token */
     char error[256];
+    int32_t error_status;                   /* FINISH_ERROR class for the server: 503 = overloaded
+                                               (queue time limit), 0 = internal error */
     /* engine_request.prompt_logprobs only, on the first output: entry i is the
      * raw logprob of prompt token i+1 given tokens [0, i] (the first prompt
      * token has none), with top-N (N = sp.logprobs, at least 0). */
@@ -120,6 +122,7 @@ typedef struct engine_stats {
     int64_t prefix_cache_queries_total;   /* tokens looked up */
     int64_t prefix_cache_hits_total;      /* tokens found */
     int64_t preemptions_total;
+    int64_t queue_timeouts_total;         /* requests refused by max_queue_time_s (503) */
     int64_t requests_finished_total[5];   /* by finish_reason */
     int64_t steps_total;
     /* speculative decoding (REFERENCE §5 names) */
@@ -137,6 +140,8 @@ typedef struct engine_config {
     int32_t max_num_seqs;           /* running sequences per step */
     int32_t max_num_batched_tokens; /* token budget per step (chunked prefill) */
     int32_t max_waiting;            /* bounded waiting queue; submit fails past it (429); <= 0 = unbounded */
+    double max_queue_time_s;        /* a request not yet admitted after this long finishes with
+                                       FINISH_ERROR, error_status 503; <= 0 = wait forever */
     bool enable_prefix_caching;
     int32_t num_speculative_tokens; /* default k when a proposer is attached; 0 = off */
 } engine_config;

@@ -81,6 +81,7 @@ typedef struct sched_seq {
     const float *draft_q;         /* [n_draft, vocab] draft distributions, NULL = one-hot */
 
     double t_submit;              /* monotonic seconds */
+    int32_t error_status;         /* copied to engine_output.error_status when it finishes with an error */
     bool first_output_sent;
     bool done;                    /* finished; removed at the end of the step */
 } sched_seq;
@@ -137,6 +138,7 @@ struct engine {
     pthread_mutex_t stats_mu;
     engine_stats stats;
     int64_t preemptions, steps, prompt_tokens, gen_tokens, pc_queries, pc_hits;
+    int64_t queue_timeouts; /* requests finished by the queue time limit */
     int64_t finished[5];
 };
 

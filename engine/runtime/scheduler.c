@@ -35,6 +35,7 @@
  */
 #include "engine/runtime/engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,7 +94,11 @@ static void reap(engine *e) {
     }
 }
 
-/* Moves submissions in and applies aborts (client gone, wait_idle timeout). */
+/* Moves submissions in and applies aborts (client gone, wait_idle timeout)
+ * and the queue time limit (cfg.max_queue_time_s: a request never admitted
+ * that long finishes with FINISH_ERROR and error_status 503, so an overloaded
+ * server answers "retry later" instead of holding the client indefinitely;
+ * sequences preempted back to the queue have started and are exempt). */
 static void intake_and_aborts(engine *e) {
     pthread_mutex_lock(&e->mu);
     bool abort_all = e->abort_all;
@@ -111,6 +116,20 @@ static void intake_and_aborts(engine *e) {
         size_t n = pass ? e->n_running : e->n_waiting;
         for (size_t i = 0; i < n; i++)
             if (abort_all || atomic_load(&q[i]->stream->aborted)) sched_finish_seq(e, q[i], FINISH_ABORT, NULL);
+    }
+    if (e->cfg.max_queue_time_s > 0) {
+        const double now = engine_now_s();
+        for (size_t i = 0; i < e->n_waiting; i++) {
+            sched_seq *s = e->waiting[i];
+            if (s->done || s->admitted_once || now - s->t_submit <= e->cfg.max_queue_time_s) continue;
+            char msg[160];
+            snprintf(msg, sizeof msg,
+                     "the server is overloaded: the request waited %.1f s in the queue without starting "
+                     "(--max-queue-time %g); retry later", now - s->t_submit, e->cfg.max_queue_time_s);
+            s->error_status = 503;
+            sched_finish_seq(e, s, FINISH_ERROR, msg);
+            e->queue_timeouts++;
+        }
     }
     reap(e);
 }

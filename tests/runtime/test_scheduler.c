@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -340,6 +341,51 @@ static void test_validation_and_limits(void **st) {
     free(f.kv);
 }
 
+/* --max-queue-time: a request still waiting (never admitted) past the limit
+ * finishes with FINISH_ERROR, error_status 503 and a message naming the
+ * flag; the running request is untouched; the counter counts it; nothing
+ * leaks. */
+static void test_queue_time_limit(void **st) {
+    (void)st;
+    fake_runner f;
+    engine_runner r;
+    fake_runner_init(&f, 32, 4, &r);
+    engine_detok d = fake_detok();
+    engine_config cfg = {.max_model_len = 64, .max_num_seqs = 1, .max_num_batched_tokens = 64, .max_waiting = 8,
+                         .max_queue_time_s = 0.2};
+    engine *e;
+    specd_err err = {0};
+    assert_int_equal(engine_create_ex(&cfg, &r, &d, NULL, NULL, &e, &err), 0);
+    harness hh = {.e = e};
+    int32_t p[8];
+    make_prompt(p, 8, 3);
+    engine_stream *a = submit_ok(&hh, p, 8, 20), *b = submit_ok(&hh, p, 4, 2);
+    assert_int_equal(engine_step(e, &err), 1); /* a admitted (max_num_seqs 1), b waits */
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(engine_step(e, &err), 1);
+    engine_output *o = NULL;
+    assert_int_equal(engine_stream_poll(b, &o), 1);
+    assert_int_equal(o->finish, FINISH_ERROR);
+    assert_int_equal(o->error_status, 503);
+    assert_int_equal(o->n_tokens, 0);
+    assert_non_null(strstr(o->error, "--max-queue-time"));
+    engine_output_free(o);
+    run_until_idle(&hh, 100);
+    collected c = {0};
+    assert_true(collect(a, &c));
+    assert_int_equal(c.fin, FINISH_LENGTH);
+    assert_int_equal(c.n, 20);
+    engine_stats stt;
+    engine_get_stats(e, &stt);
+    assert_int_equal(stt.queue_timeouts_total, 1);
+    assert_int_equal(stt.kv_blocks_free, stt.kv_blocks_total);
+    engine_stream_release(a);
+    engine_stream_release(b);
+    engine_destroy(e);
+    free(f.kv);
+}
+
 static void test_prefix_cache_hits(void **st) {
     (void)st;
     harness h;
@@ -657,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_preemption_recompute),
         cmocka_unit_test(test_abort_frees_blocks_same_step),
         cmocka_unit_test(test_validation_and_limits),
+        cmocka_unit_test(test_queue_time_limit),
         cmocka_unit_test(test_prefix_cache_hits),
         cmocka_unit_test(test_seeded_sampling_batch_independent),
         cmocka_unit_test(test_runner_failure_and_eos),
