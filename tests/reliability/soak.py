@@ -15,7 +15,10 @@ sent at once: the queue bound (--max-waiting) must answer the excess with
 
 Every request is classified: completed (a 200 with a finish_reason on every
 choice, [DONE] last for streams), disconnected (by us), rejected_429 (with a
-Retry-After header and an OpenAI error body): all documented outcomes.
+Retry-After header and an OpenAI error body), rejected_503_queue (waited in
+the queue past the server's --max-queue-time, default 120 s here: a 503 with
+an OpenAI error body, or that error as a stream's first event): all
+documented outcomes.
 Anything else (another status, a broken stream, a connection error we did
 not cause, a stop string inside the returned text, usage over the limit) is
 counted under its kind and fails the run.
@@ -76,7 +79,7 @@ class Stats:
                 self.examples[kind] = str(detail)[:400]
 
 
-DOCUMENTED = {"completed", "disconnected", "rejected_429"}
+DOCUMENTED = {"completed", "disconnected", "rejected_429", "rejected_503_queue"}
 
 
 def make_request(rng):
@@ -132,7 +135,11 @@ def one_request(port, path, body, stops, hang_after, stats, timeout=600):
             stats.add("rejected_429" if ok else "bad_429", data)
             return float(r.getheader("Retry-After") or 1)
         if r.status != 200:
-            stats.add(f"http_{r.status}", r.read())
+            data = r.read()
+            if r.status == 503 and "--max-queue-time" in json.loads(data)["error"]["message"]:
+                stats.add("rejected_503_queue", data)  # waited past --max-queue-time: retry later
+                return 1.0
+            stats.add(f"http_{r.status}", data)
             return
         chat = "chat" in path
         if not body["stream"]:
@@ -159,8 +166,9 @@ def one_request(port, path, body, stops, hang_after, stats, timeout=600):
                         break
                     o = json.loads(d)
                     if "error" in o:
-                        stats.add("stream_error", o)
-                        return
+                        queued = "--max-queue-time" in str(o["error"].get("message", "")) and events == 0
+                        stats.add("rejected_503_queue" if queued else "stream_error", o)
+                        return 1.0 if queued else None
                     events += 1
                     if o.get("usage"):
                         usage = o["usage"]
@@ -205,6 +213,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-waiting", type=int, default=24)
+    ap.add_argument("--max-queue-time", type=float, default=120,
+                    help="server --max-queue-time: past it a queued request gets 503 (a documented outcome)")
     ap.add_argument("--kv-cache-memory", default="24M")
     ap.add_argument("--warmup", type=float, default=0.25,
                     help="least fraction of the run before RSS is tracked (see the sampler)")
@@ -223,7 +233,8 @@ def main():
     srv = R.Server(R.MODEL, ["--served-model-name", "smollm2", "--draft", head, "--num-speculative-tokens", "3",
                              "--enable-prefix-caching", "--max-model-len", "512",
                              "--kv-cache-memory", a.kv_cache_memory, "--max-num-seqs", str(a.max_num_seqs),
-                             "--max-waiting", str(a.max_waiting), "--connection-timeout", "60",
+                             "--max-waiting", str(a.max_waiting), "--max-queue-time", str(a.max_queue_time),
+                             "--connection-timeout", "60",
                              "--shutdown-timeout", "30"], threads=a.threads)
     stats = Stats()
     rss = []  # (t, KiB)
