@@ -66,7 +66,15 @@ static int load_tokenizer(const char *model_path, const gguf_file *g, specd_bund
 
 int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
-    if (tokenizer_json) return tok_create_from_hf(tokenizer_json, &b->tok, err);
+    if (tokenizer_json) { /* tokenizer.json (HF), or a tiktoken ranks file (Kimi's tiktoken.model) */
+        FILE *f = fopen(tokenizer_json, "rb");
+        if (!f) return specd_err_set(err, "%s: cannot open", tokenizer_json);
+        int c;
+        while ((c = fgetc(f)) == ' ' || c == '\t' || c == '\n' || c == '\r') {}
+        fclose(f);
+        if (c == '{') return tok_create_from_hf(tokenizer_json, &b->tok, err);
+        return tok_create_from_tiktoken(tokenizer_json, NULL, &b->tok, err);
+    }
     if (is_dir(model_path)) return load_tokenizer(model_path, NULL, b, err);
     if (gguf_open(model_path, &b->tok_gguf, err)) return specd_err_wrap(err, "%s", model_path);
     return tok_create_from_gguf(b->tok_gguf, &b->tok, err);

@@ -79,7 +79,7 @@ static int tokenize_prompts(http_req *r, oai_error *e) {
         q->prompts = calloc(1, sizeof *q->prompts);
         if (!q->prompts) return oai_error_set(e, 500, NULL, "out of memory");
         q->n_prompts = 1;
-        chat_options opt = {.add_generation_prompt = q->add_generation_prompt, .thinking = -1};
+        chat_options opt = {.add_generation_prompt = q->add_generation_prompt, .thinking = q->thinking};
         if (tok_chat_encode(tok, q->messages, q->n_messages, &opt, &q->prompts[0].ids, &q->prompts[0].n_ids, NULL,
                             &err))
             return oai_error_set(e, 400, "messages", "cannot apply the chat template: %s", err.msg);
@@ -475,7 +475,7 @@ enum MHD_Result http_tokenize(http_req *r) {
         rc = body ? oai_parse_request(OAI_CHAT, body, strlen(body), &q, &e) : oai_error_set(&e, 500, NULL, "oom");
         free(body);
         if (!rc) {
-            chat_options opt = {.add_generation_prompt = q.add_generation_prompt, .thinking = -1};
+            chat_options opt = {.add_generation_prompt = q.add_generation_prompt, .thinking = q.thinking};
             if (tok_chat_encode(r->srv->tok, q.messages, q.n_messages, &opt, &ids, &n, NULL, &err))
                 rc = oai_error_set(&e, 400, "messages", "cannot apply the chat template: %s", err.msg);
             oai_request_free(&q);

@@ -80,6 +80,8 @@ typedef struct oai_request {
     chat_message *messages;          /* chat: [n_messages]; strings malloc'd */
     size_t n_messages;
     bool add_generation_prompt;      /* chat (vLLM extension), default true */
+    int32_t thinking;                /* chat_template_kwargs {"thinking" | "enable_thinking": bool}
+                                        (vLLM extension; Kimi K2.5 thinking mode): 1 / 0, -1 = template default */
     sampling_params sp;              /* stop / stop_token_ids point at the arrays below */
     char **stop;                     /* [n_stop] malloc'd strings */
     size_t n_stop;

@@ -506,6 +506,18 @@ static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *
         if (want) r->logprobs = present ? (int32_t)v : 0;
         r->add_generation_prompt = true;
         if (get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err)) return -1;
+        r->thinking = -1;
+        json_t *kw = json_object_get(root, "chat_template_kwargs");
+        if (kw && !json_is_null(kw)) {
+            if (!json_is_object(kw))
+                return oai_error_set(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            const char *key = json_object_get(kw, "thinking") ? "thinking" : "enable_thinking";
+            if (json_object_get(kw, key)) {
+                bool th = false;
+                if (get_bool(kw, key, &th, err)) return -1;
+                r->thinking = th ? 1 : 0;
+            }
+        }
         if (r->has_max_tokens && r->max_tokens == 0)
             return oai_error_set(err, 400, "max_tokens", "'max_tokens' must be at least 1, got 0");
     }

@@ -298,7 +298,24 @@ static void test_chat_good(void **state) {
     oai_request_free(&r);
     assert_int_equal(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", &r, &e), 0);
     assert_int_equal(r.logprobs, 0);
+    assert_int_equal(r.thinking, -1); /* no chat_template_kwargs: the template's default */
     oai_request_free(&r);
+    /* chat_template_kwargs (vLLM): thinking / enable_thinking switch Kimi's thinking mode */
+    assert_int_equal(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"chat_template_kwargs\":{\"thinking\":false}}", &r, &e), 0);
+    assert_int_equal(r.thinking, 0);
+    oai_request_free(&r);
+    assert_int_equal(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"chat_template_kwargs\":{\"enable_thinking\":true}}", &r, &e), 0);
+    assert_int_equal(r.thinking, 1);
+    oai_request_free(&r);
+    assert_int_equal(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"chat_template_kwargs\":{\"thinking\":\"no\"}}", &r, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "'thinking' must be a boolean"));
+    assert_int_equal(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                "\"chat_template_kwargs\":[1]}", &r, &e), -1);
+    assert_int_equal(e.status, 400);
 }
 
 /* ---- context checks ---- */
