@@ -219,6 +219,16 @@ static float dot1_scalar(const row_buf *rb, int64_t n, const float *x, const flo
  * each weight block once for four tokens (verify / prefill). Two accumulators
  * per token break the FMA latency chain. */
 
+/* The per-token FMA sequence of one 32-value block (plain rows and I4G32):
+ * a += v0*x0; b += v1*x1; a += v2*x2; b += v3*x3 (8 lanes each). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void fma_block32(const __m256 v[4], const float *xb,
+                                                                                  __m256 *a, __m256 *b) {
+    *a = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), *a);
+    *b = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), *b);
+    *a = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), *a);
+    *b = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), *b);
+}
+
 /* Block formats (integer-activation dots below) and plain formats (f32 dots). */
 typedef enum { FK_Q8_0, FK_Q4_0, FK_Q4_1, FK_F32, FK_BF16, FK_F16 } fused_kind;
 
@@ -265,10 +275,7 @@ static inline float plain_at(fused_kind k, const uint8_t *w, int64_t i) {
             fused_load(K, w, b, v);                                                                                \
             for (int u = 0; u < NT; u++) {                                                                         \
                 const float *xb = x + (size_t)u * ldx + b * 32;                                                    \
-                a[u] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), a[u]);                                           \
-                bb[u] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), bb[u]);                                     \
-                a[u] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), a[u]);                                      \
-                bb[u] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), bb[u]);                                    \
+                fma_block32(v, xb, &a[u], &bb[u]);                                                                 \
             }                                                                                                      \
         }                                                                                                          \
         for (int u = 0; u < NT; u++) {                                                                             \
@@ -333,10 +340,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 i4_word8
             }                                                                                                      \
             for (int u = 0; u < NT; u++) {                                                                         \
                 const float *xb = x + (size_t)u * ldx + g * 32;                                                    \
-                a[u] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), a[u]);                                           \
-                bb[u] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), bb[u]);                                     \
-                a[u] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), a[u]);                                      \
-                bb[u] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), bb[u]);                                    \
+                fma_block32(v, xb, &a[u], &bb[u]);                                                                 \
             }                                                                                                      \
         }                                                                                                          \
         for (int u = 0; u < NT; u++) out[u] = hsum8(_mm256_add_ps(a[u], bb[u]));                                   \
