@@ -9,10 +9,15 @@
  * Only what specd serves is accepted: sigmoid scoring with noaux_tc, int4
  * pack-quantized experts with group 32; anything else is refused by name
  * rather than run wrongly.
+ * Llama-family keys and defaults follow transformers' LlamaConfig
+ * (configuration_llama.py) and MistralConfig; rope_scaling types follow
+ * modeling_rope_utils.py (default, linear, llama3 accepted; dynamic NTK, YaRN,
+ * longrope refused: their frequencies would differ from the checkpoint's).
  * Threading: pure functions.
  */
 #include "engine/model/hf_config.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -210,6 +215,112 @@ static int parse_deepseek(const json_t *t, hf_config *c, specd_err *err) {
     return 0;
 }
 
+/* Llama / Mistral RoPE: rope_theta plus rope_scaling (older configs) or
+ * rope_parameters (transformers 5, which also carries rope_theta). */
+static int parse_llama_rope(const json_t *t, hf_config *c, specd_err *err) {
+    c->rope_kind = HF_ROPE_DEFAULT;
+    c->rope_factor = 1.0;
+    if (cfg_num(t, "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta, err) < 0) return -1;
+    const json_t *rs = json_object_get(t, "rope_scaling");
+    if (!rs || json_is_null(rs)) rs = json_object_get(t, "rope_parameters");
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) return specd_err_set(err, "config.json: rope_scaling must be an object");
+    if (json_object_get(rs, "rope_theta") && cfg_num(rs, "rope_theta", c->rope_theta, 1.0, 1e12, &c->rope_theta, err) < 0)
+        return -1;
+    char type[32] = "";
+    if (cfg_str(rs, "rope_type", type, sizeof type, err) < 0) return -1;
+    if (!type[0] && cfg_str(rs, "type", type, sizeof type, err) < 0) return -1;
+    if (!type[0] || !strcmp(type, "default")) return 0;
+    if (!strcmp(type, "linear")) {
+        c->rope_kind = HF_ROPE_LINEAR;
+        if (cfg_num(rs, "factor", -1.0, -1.0, 1e6, &c->rope_factor, err) < 0) return specd_err_wrap(err, "rope_scaling");
+        if (!(c->rope_factor >= 1.0))
+            return specd_err_set(err, "config.json: rope_scaling linear needs a 'factor' >= 1");
+        return 0;
+    }
+    if (!strcmp(type, "llama3")) {
+        c->rope_kind = HF_ROPE_LLAMA3;
+        if (cfg_num(rs, "factor", -1.0, -1.0, 1e6, &c->rope_factor, err) < 0 ||
+            cfg_num(rs, "low_freq_factor", -1.0, -1.0, 1e6, &c->rope_low_freq, err) < 0 ||
+            cfg_num(rs, "high_freq_factor", -1.0, -1.0, 1e6, &c->rope_high_freq, err) < 0 ||
+            cfg_int(rs, "original_max_position_embeddings", true, 0, 1, 1 << 30, &c->rope_orig_max_pos, err) < 0)
+            return specd_err_wrap(err, "rope_scaling llama3");
+        if (!(c->rope_factor >= 1.0) || !(c->rope_low_freq > 0) || !(c->rope_high_freq > c->rope_low_freq))
+            return specd_err_set(err,
+                                 "config.json: rope_scaling llama3 needs factor >= 1 and 0 < low_freq_factor < "
+                                 "high_freq_factor (got %g, %g, %g)",
+                                 c->rope_factor, c->rope_low_freq, c->rope_high_freq);
+        return 0;
+    }
+    return specd_err_set(err, "config.json: rope scaling type '%s' is not supported for llama (default, linear, llama3)",
+                         type);
+}
+
+/* LlamaForCausalLM / MistralForCausalLM (same math when no sliding window
+ * binds). Sizes are required (save_pretrained always writes them). */
+static int parse_llama(const json_t *t, hf_config *c, specd_err *err) {
+    c->arch = MODEL_ARCH_LLAMA;
+    if (cfg_int(t, "vocab_size", true, 0, 1, 1 << 22, &c->vocab, err) < 0 ||
+        cfg_int(t, "hidden_size", true, 0, 1, 1 << 16, &c->hidden, err) < 0 ||
+        cfg_int(t, "intermediate_size", true, 0, 1, 1 << 20, &c->intermediate, err) < 0 ||
+        cfg_int(t, "num_hidden_layers", true, 0, 1, 1024, &c->n_layers, err) < 0 ||
+        cfg_int(t, "num_attention_heads", true, 0, 1, 1024, &c->n_heads, err) < 0 ||
+        cfg_int(t, "num_key_value_heads", false, c->n_heads, 1, 1024, &c->n_kv_heads, err) < 0 ||
+        cfg_int(t, "head_dim", false, c->hidden / c->n_heads, 1, 4096, &c->head_dim, err) < 0 ||
+        cfg_int(t, "max_position_embeddings", false, 2048, 1, 1 << 30, &c->max_pos, err) < 0 ||
+        cfg_num(t, "rms_norm_eps", 1e-6, 1e-12, 1.0, &c->rms_eps, err) < 0 ||
+        cfg_bool(t, "tie_word_embeddings", false, &c->tie_embeddings, err) < 0)
+        return -1;
+    if (c->n_heads % c->n_kv_heads)
+        return specd_err_set(err, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                             c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2) return specd_err_set(err, "config.json: head_dim %d is odd (RoPE rotates pairs)", c->head_dim);
+    if (parse_llama_rope(t, c, err) < 0) return -1;
+    char s[32];
+    if (cfg_str(t, "hidden_act", s, sizeof s, err) < 0) return -1;
+    if (s[0] && strcmp(s, "silu") != 0)
+        return specd_err_set(err, "config.json: hidden_act '%s' is not supported (silu only)", s);
+    bool bias = false;
+    if (cfg_bool(t, "attention_bias", false, &bias, err) < 0) return -1;
+    if (bias) return specd_err_set(err, "config.json: attention_bias = true is not supported (no projection biases)");
+    if (cfg_bool(t, "mlp_bias", false, &bias, err) < 0) return -1;
+    if (bias) return specd_err_set(err, "config.json: mlp_bias = true is not supported (no projection biases)");
+    const json_t *sw = json_object_get(t, "sliding_window");
+    if (sw && !json_is_null(sw)) {
+        int32_t w = 0;
+        if (cfg_int(t, "sliding_window", false, 0, 0, 1 << 30, &w, err) < 0) return -1;
+        if (w < c->max_pos)
+            return specd_err_set(err,
+                                 "config.json: sliding_window %d < max_position_embeddings %d is not supported "
+                                 "(full causal attention only)",
+                                 w, c->max_pos);
+    }
+    return 0;
+}
+
+void hf_tensor_file(const char *dir, const char *tensor, char *buf, size_t cap) {
+    char path[1200];
+    snprintf(buf, cap, "?");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_t *idx = json_load_file(path, 0, NULL);
+    if (idx) {
+        const json_t *f = json_object_get(json_object_get(idx, "weight_map"), tensor);
+        snprintf(buf, cap, "%s", json_is_string(f) ? json_string_value(f) : "model.safetensors.index.json");
+        json_decref(idx);
+        return;
+    }
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) {
+            snprintf(buf, cap, "%s", e->d_name);
+            break;
+        }
+    }
+    closedir(d);
+}
+
 int hf_config_parse(const char *json_text, hf_config *c, specd_err *err) {
     memset(c, 0, sizeof *c);
     json_error_t je;
@@ -228,10 +339,15 @@ int hf_config_parse(const char *json_text, hf_config *c, specd_err *err) {
     if (cfg_str(text, "model_type", c->model_type, sizeof c->model_type, err) < 0) goto done;
     if (!strcmp(c->model_type, "deepseek_v3") || !strcmp(c->model_type, "kimi_k2")) {
         if (parse_deepseek(text, c, err) < 0) goto done;
-    } else if (!strcmp(c->model_type, "llama")) {
-        c->arch = MODEL_ARCH_LLAMA;
+    } else if (!strcmp(c->model_type, "llama") || !strcmp(c->model_type, "mistral")) {
+        if (parse_llama(text, c, err) < 0) goto done;
+    } else if (!strcmp(c->model_type, "qwen2")) {
+        specd_err_set(err, "config.json: model_type 'qwen2' is not supported: its q/k/v projections carry biases "
+                           "that the llama runner does not apply");
+        goto done;
     } else {
-        specd_err_set(err, "config.json: model_type '%s' is not supported (kimi_k25, deepseek_v3, kimi_k2, llama)",
+        specd_err_set(err,
+                      "config.json: model_type '%s' is not supported (kimi_k25, deepseek_v3, kimi_k2, llama, mistral)",
                       c->model_type[0] ? c->model_type : "(missing)");
         goto done;
     }

@@ -9,8 +9,11 @@
  *     level and/or inside text_config.
  *   - a plain DeepSeek-V3 / Kimi-K2 config (model_type "deepseek_v3" or
  *     "kimi_k2" at the top level).
- *   - "llama" configs are recognised (arch LLAMA) so the caller can say what
- *     is not supported yet.
+ *   - Llama family: model_type "llama" (LlamaForCausalLM), and "mistral" when
+ *     it is the same math (no sliding window shorter than the context).
+ *     "qwen2" is refused by name (q/k/v projection biases). Keys and defaults
+ *     follow transformers' LlamaConfig; rope_scaling types default, linear and
+ *     llama3 are read, every other type is refused by name.
  * A config is untrusted input: every size is range-checked, a wrong JSON type
  * is an error, a missing optional key takes the transformers default.
  * Threading: pure functions.
@@ -34,6 +37,10 @@ typedef struct hf_quant {
     bool symmetric;          /* true */
     char strategy[16];       /* "group" */
 } hf_quant;
+
+/* RoPE frequency scaling of a Llama-family config (transformers
+ * modeling_rope_utils.py: _compute_default / _linear / _llama3_parameters). */
+typedef enum { HF_ROPE_DEFAULT, HF_ROPE_LINEAR, HF_ROPE_LLAMA3 } hf_rope_kind;
 
 typedef struct hf_config {
     model_arch arch;
@@ -62,6 +69,13 @@ typedef struct hf_config {
     bool tie_embeddings;
     int32_t bos_id, eos_id;    /* -1 if absent */
     hf_quant quant;
+    /* Llama family (arch LLAMA) */
+    int32_t n_kv_heads;        /* num_key_value_heads (default n_heads) */
+    int32_t head_dim;          /* head_dim (default hidden / n_heads) */
+    hf_rope_kind rope_kind;
+    double rope_factor;        /* linear, llama3: factor (1 otherwise) */
+    double rope_low_freq, rope_high_freq; /* llama3: low_freq_factor, high_freq_factor */
+    int32_t rope_orig_max_pos; /* llama3: original_max_position_embeddings */
 } hf_config;
 
 /* Parses DIR/config.json into *c. Errors: unreadable file, invalid JSON,
@@ -70,5 +84,20 @@ int hf_config_load(const char *dir, hf_config *c, specd_err *err);
 
 /* Same from a JSON text (for tests). */
 int hf_config_parse(const char *json_text, hf_config *c, specd_err *err);
+
+/* The file of DIR that holds TENSOR, for error messages: the shard named by
+ * DIR/model.safetensors.index.json's weight_map, else the directory's single
+ * *.safetensors file, else "?". Writes a NUL-terminated name into buf. */
+void hf_tensor_file(const char *dir, const char *tensor, char *buf, size_t cap);
+
+/* llama.c: loads a Llama-family HF directory m->path whose config.json is HC
+ * (arch LLAMA): safetensors weights as bk_weight views of the mapping
+ * (BF16/F16/F32), norms as f32 copies, RoPE frequencies with the config's
+ * scaling, rotate_half layout. *ST receives the mapped shards (the weights
+ * point into them): the caller closes it after the model is destroyed, also
+ * on failure. Errors name the tensor and the file. */
+struct model;
+struct st_model;
+int llama_load_hf(struct model *m, const hf_config *hc, struct st_model **st, specd_err *err);
 
 #endif

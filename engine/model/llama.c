@@ -1,12 +1,15 @@
 /*
  * llama.c: the Llama-family target model (Touvron et al. 2023): RMSNorm,
  * GQA attention with RoPE, SwiGLU MLP, optional tied embeddings; loaded from
- * a GGUF file (llama.cpp naming) and run on the backend op interface over the
- * paged KV cache.
+ * a GGUF file (llama.cpp naming) or a Hugging Face directory (config.json +
+ * safetensors, transformers' LlamaForCausalLM naming) and run on the backend
+ * op interface over the paged KV cache.
  *
  * Owns: the model struct, converted weight copies (formats the kernels do not
  * take packed are dequantized to f32 at load), the KV storage and a grow-only
- * activation workspace. Packed weights are views into the GGUF mapping.
+ * activation workspace. Packed weights are views into the GGUF mapping; HF
+ * BF16/F16/F32 matrices are views into the safetensors mapping (the caller,
+ * model.c, keeps the st_model open for the model's lifetime).
  * Tensor parallelism: each linear is declared with its style (LLAMA_LINEARS);
  * at TP = 1 every rank holds everything.
  * RoPE layout: llama.cpp's converter permutes q/k rows for adjacent-pair RoPE,
@@ -18,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/loader/safetensors.h"
+#include "engine/model/hf_config.h"
 #include "engine/model/model_internal.h"
 #include "engine/util/log.h"
 
@@ -27,8 +32,14 @@ static const struct { const char *name; tp_style style; } LLAMA_LINEARS[] = {
     {"attn_q", TP_COLUMN}, {"attn_k", TP_COLUMN}, {"attn_v", TP_COLUMN}, {"attn_output", TP_ROW},
     {"ffn_gate", TP_COLUMN}, {"ffn_up", TP_COLUMN}, {"ffn_down", TP_ROW},
     {"token_embd", TP_REPLICATED}, {"output", TP_REPLICATED},
+    /* the same linears under transformers' names (HF directories) */
+    {"q_proj", TP_COLUMN}, {"k_proj", TP_COLUMN}, {"v_proj", TP_COLUMN}, {"o_proj", TP_ROW},
+    {"gate_proj", TP_COLUMN}, {"up_proj", TP_COLUMN}, {"down_proj", TP_ROW},
+    {"embed_tokens", TP_REPLICATED}, {"lm_head", TP_REPLICATED},
 };
 
+/* NAME: a GGUF tensor name (blk.N.attn_q.weight) or an HF one
+ * (model.layers.N.self_attn.q_proj.weight); anything else is replicated. */
 tp_style model_linear_parallel(const char *gguf_name) {
     for (size_t i = 0; i < sizeof LLAMA_LINEARS / sizeof LLAMA_LINEARS[0]; i++)
         if (strstr(gguf_name, LLAMA_LINEARS[i].name)) return LLAMA_LINEARS[i].style;
@@ -182,6 +193,189 @@ int llama_load_gguf(model *m, specd_err *err) {
         if (load_vec(m, n, h, &L->ffn_norm, err) < 0) return -1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ HF directories */
+
+/* Refusal naming the tensor and the file of m->path that holds it. */
+static int hf_refuse(const model *m, const char *name, specd_err *err, const char *what) {
+    char file[256];
+    hf_tensor_file(m->path, name, file, sizeof file);
+    return specd_err_set(err, "tensor %s (%s/%s): %s", name, m->path, file, what);
+}
+
+/* "[d0, d1, ...]" of T into buf. */
+static const char *hf_shape(const st_tensor *t, char *buf, size_t cap) {
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->n_dims && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+    return buf;
+}
+
+/* A [rows, cols] bk_weight view (PyTorch order: rows = out features) of an
+ * HF tensor stored as BF16, F16 or F32. */
+static int hf_weight(model *m, const st_model *st, const char *name, int64_t rows, int64_t cols, bk_weight *w,
+                     specd_err *err) {
+    const st_tensor *t = st_find(st, name);
+    char what[160];
+    if (!t) return hf_refuse(m, name, err, "missing");
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+        char sh[96];
+        snprintf(what, sizeof what, "shape %s, expected [%lld, %lld]", hf_shape(t, sh, sizeof sh), (long long)rows,
+                 (long long)cols);
+        return hf_refuse(m, name, err, what);
+    }
+    switch (t->dtype) {
+    case ST_BF16: w->type = BK_W_BF16; break;
+    case ST_F16: w->type = BK_W_F16; break;
+    case ST_F32: w->type = BK_W_F32; break;
+    default:
+        snprintf(what, sizeof what, "dtype %s is not supported (BF16, F16, F32)", st_dtype_name(t->dtype));
+        return hf_refuse(m, name, err, what);
+    }
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    w->row_bytes = (size_t)cols * st_dtype_size(t->dtype);
+    w->scales = NULL;
+    return 0;
+}
+
+/* A norm weight [n] as an f32 copy owned by the model. */
+static int hf_vec(model *m, const st_model *st, const char *name, int64_t n, float **out, specd_err *err) {
+    const st_tensor *t = st_find(st, name);
+    char what[128];
+    if (!t) return hf_refuse(m, name, err, "missing");
+    if (t->n_dims != 1 || t->shape[0] != n) {
+        char sh[96];
+        snprintf(what, sizeof what, "shape %s, expected [%lld]", hf_shape(t, sh, sizeof sh), (long long)n);
+        return hf_refuse(m, name, err, what);
+    }
+    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32) {
+        snprintf(what, sizeof what, "dtype %s is not supported (BF16, F16, F32)", st_dtype_name(t->dtype));
+        return hf_refuse(m, name, err, what);
+    }
+    float *f = model_own(m, sizeof(float) * (size_t)n);
+    if (!f) return specd_err_set(err, "out of memory");
+    if (st_read_f32(t, f, err) < 0) return specd_err_wrap(err, "%s", name);
+    *out = f;
+    return 0;
+}
+
+/* RoPE inverse frequencies theta^(-2i/d) (Su et al. 2021) with the config's
+ * scaling, as transformers' modeling_rope_utils.py computes them:
+ *   linear (position interpolation, Chen et al. 2023): inv_freq / factor;
+ *   llama3: wavelengths 2 pi / f longer than orig/low_freq_factor are divided
+ *   by factor, shorter than orig/high_freq_factor kept, and in between blended
+ *   with s = (orig / wavelen - low) / (high - low):
+ *   (1 - s) * f / factor + s * f. The attention factor stays 1 for all three. */
+static int hf_rope_freqs(model *m, const hf_config *hc, specd_err *err) {
+    const int32_t hd = m->cfg.head_dim;
+    m->inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
+    if (!m->inv_freq) return specd_err_set(err, "out of memory");
+    for (int32_t i = 0; i < hd / 2; i++) {
+        double f = 1.0 / pow(hc->rope_theta, (double)(2 * i) / hd);
+        if (hc->rope_kind == HF_ROPE_LINEAR) {
+            f /= hc->rope_factor;
+        } else if (hc->rope_kind == HF_ROPE_LLAMA3) {
+            const double pi = 3.14159265358979323846;
+            const double wavelen = 2.0 * pi / f, orig = hc->rope_orig_max_pos;
+            const double low_wavelen = orig / hc->rope_low_freq, high_wavelen = orig / hc->rope_high_freq;
+            if (wavelen > low_wavelen) {
+                f /= hc->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                const double s = (orig / wavelen - hc->rope_low_freq) / (hc->rope_high_freq - hc->rope_low_freq);
+                f = (1.0 - s) * f / hc->rope_factor + s * f;
+            }
+        }
+        m->inv_freq[i] = (float)f;
+    }
+    return 0;
+}
+
+/* Whether NAME is a tensor of a Llama checkpoint with N_LAYERS layers. */
+static bool hf_known_tensor(const char *name, int32_t n_layers) {
+    static const char *const TOP[] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+    static const char *const PER_LAYER[] = {
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+        "post_attention_layernorm.weight", "self_attn.rotary_emb.inv_freq"}; /* last: old checkpoints, recomputed */
+    for (size_t i = 0; i < sizeof TOP / sizeof TOP[0]; i++)
+        if (!strcmp(name, TOP[i])) return true;
+    int l = -1, off = 0;
+    char pre[48];
+    if (sscanf(name, "model.layers.%d.%n", &l, &off) != 1 || off == 0 || l < 0 || l >= n_layers) return false;
+    snprintf(pre, sizeof pre, "model.layers.%d.", l); /* canonical spelling only (no "01", "+1") */
+    if (strncmp(name, pre, strlen(pre)) != 0 || (size_t)off != strlen(pre)) return false;
+    for (size_t i = 0; i < sizeof PER_LAYER / sizeof PER_LAYER[0]; i++)
+        if (!strcmp(name + off, PER_LAYER[i])) return true;
+    return false;
+}
+
+int llama_load_hf(model *m, const hf_config *hc, st_model **stp, specd_err *err) {
+    model_config *c = &m->cfg;
+    *stp = NULL;
+    if (hc->arch != MODEL_ARCH_LLAMA) return specd_err_set(err, "not a Llama-family config");
+    if (hc->quant.present)
+        return specd_err_set(err, "config.json: quantized Llama checkpoints (%s) are not supported (BF16, F16, F32)",
+                             hc->quant.method);
+    c->arch = MODEL_ARCH_LLAMA;
+    c->n_layers = hc->n_layers;
+    c->hidden = hc->hidden;
+    c->n_heads = hc->n_heads;
+    c->n_kv_heads = hc->n_kv_heads;
+    c->head_dim = hc->head_dim;
+    c->ffn = hc->intermediate;
+    c->vocab = hc->vocab;
+    c->max_pos = hc->max_pos > (1 << 24) ? (1 << 24) : hc->max_pos;
+    c->rope_theta = (float)hc->rope_theta;
+    c->rms_eps = (float)hc->rms_eps;
+    c->tied_embeddings = hc->tie_embeddings;
+    c->rope_neox = true; /* HF q/k rows are in rotate_half order (llama.cpp permutes them for GGUF) */
+    const char *base = strrchr(m->path, '/');
+    base = base && base[1] ? base + 1 : m->path;
+    snprintf(c->name, sizeof c->name, "%.80s (%.31s, HF)", base, hc->model_type);
+
+    if (st_open(m->path, stp, err) < 0) return -1;
+    const st_model *st = *stp;
+    const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    if (hf_weight(m, st, "model.embed_tokens.weight", c->vocab, H, &m->embed, err) < 0) return -1;
+    if (c->tied_embeddings) {
+        if (st_find(st, "lm_head.weight")) LOG_INFO("%s: tie_word_embeddings: lm_head.weight ignored", m->path);
+        m->lm_head = m->embed;
+    } else if (hf_weight(m, st, "lm_head.weight", c->vocab, H, &m->lm_head, err) < 0) {
+        return specd_err_wrap(err, "tie_word_embeddings is false");
+    }
+    if (hf_vec(m, st, "model.norm.weight", H, &m->out_norm, err) < 0) return -1;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return specd_err_set(err, "out of memory");
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        llama_layer *L = &m->layers[l];
+        char n[128];
+#define W(field, suffix, rows, cols) \
+    snprintf(n, sizeof n, "model.layers.%d." suffix ".weight", l); \
+    if (hf_weight(m, st, n, rows, cols, &L->field, err) < 0) return -1;
+        W(wq, "self_attn.q_proj", qd, H)
+        W(wk, "self_attn.k_proj", kvd, H)
+        W(wv, "self_attn.v_proj", kvd, H)
+        W(wo, "self_attn.o_proj", H, qd)
+        W(wgate, "mlp.gate_proj", c->ffn, H)
+        W(wup, "mlp.up_proj", c->ffn, H)
+        W(wdown, "mlp.down_proj", H, c->ffn)
+#undef W
+        snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+        if (hf_vec(m, st, n, H, &L->attn_norm, err) < 0) return -1;
+        snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (hf_vec(m, st, n, H, &L->ffn_norm, err) < 0) return -1;
+    }
+    /* Anything else (a layer past num_hidden_layers, a bias, an unknown
+     * tensor) means the checkpoint is not the model config.json describes. */
+    for (size_t i = 0; i < st_n_tensors(st); i++) {
+        const char *nm = st_tensor_at(st, i)->name;
+        if (!hf_known_tensor(nm, c->n_layers)) return hf_refuse(m, nm, err, "unexpected tensor for this config.json");
+    }
+    return hf_rope_freqs(m, hc, err);
 }
 
 /* ------------------------------------------------------------ forward */

@@ -7,6 +7,10 @@
  * [n_blocks, block_size, n_kv_heads, head_dim] f32. The pool is sized from the
  * byte budget at load. Which block belongs to which sequence is decided by the
  * block manager (engine/runtime), never here.
+ * HF directories: config.json picks the architecture (hf_config.c):
+ * DeepSeek-V3 / Kimi (deepseek_v3.c) or Llama family (llama.c). An HF Llama's
+ * weights are views into the safetensors mappings, which this file keeps open
+ * in the model's allocation (model_alloc below) until model_destroy.
  * Threading: engine thread only.
  */
 #include <math.h>
@@ -15,9 +19,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/loader/safetensors.h"
 #include "engine/model/hf_config.h"
 #include "engine/model/model_internal.h"
 #include "engine/util/log.h"
+
+/* Every model is allocated as this wrapper (model first, so a model * is
+ * one): the mapped safetensors of an HF Llama directory live next to it. */
+typedef struct model_alloc {
+    model m;
+    st_model *st;                     /* HF Llama: owned, closed after the weights are gone */
+} model_alloc;
 
 float *model_workspace(model *m, size_t n) {
     if (n > m->ws_cap) {
@@ -68,18 +80,18 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0) return specd_err_set(err, "%s: no such file or directory", path);
-    model *m = calloc(1, sizeof *m);
-    if (!m) return specd_err_set(err, "out of memory");
+    model_alloc *ma = calloc(1, sizeof *ma);
+    if (!ma) return specd_err_set(err, "out of memory");
+    model *m = &ma->m;
     snprintf(m->path, sizeof m->path, "%s", path);
     m->be = be;
     m->kv_planes = 2;
     if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
         hf_config hc;
         if (hf_config_load(path, &hc, err) < 0) goto fail;
-        if (hc.arch != MODEL_ARCH_DEEPSEEK_V3) {
-            specd_err_set(err, "Hugging Face directories are supported for DeepSeek-V3 / Kimi targets only; "
-                               "pass a .gguf file for llama");
-            goto fail;
+        if (hc.arch == MODEL_ARCH_LLAMA) {
+            if (llama_load_hf(m, &hc, &ma->st, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
+            goto loaded;
         }
         if (dsv3_load(m, &hc, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
         goto loaded;
@@ -114,6 +126,7 @@ void model_destroy(model *m) {
     free(m->ws);
     dsv3_free(m->ds);
     gguf_close(m->gguf);
+    st_close(((model_alloc *)m)->st);
     free(m);
 }
 
