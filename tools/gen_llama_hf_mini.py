@@ -14,6 +14,11 @@ in the reference fixture (tools/gen_llama_hf_ref.py computed the logits on
 exactly those weights with transformers), so a drifting generator fails here
 instead of as a logits mismatch.
 
+The "f32" checkpoint also gets the tiny tokenizer committed in
+tests/fixtures/model_hf/tokenizer/ (tokenizer.json + tokenizer_config.json,
+trained by gen_llama_hf_ref.py), when present, so that `specd generate` can
+run that directory end to end.
+
 The safetensors files are written by a few lines below (8-byte header
 length, JSON header padded with spaces to 8 bytes, tensors back to back):
 numpy has no bfloat16, so the safetensors package cannot write BF16 from it.
@@ -193,9 +198,13 @@ def main():
         expect = json.load(open(args[args.index("--expect") + 1]))["sha256"]
     os.makedirs(out, exist_ok=True)
     digests = {}
+    tok_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "model_hf", "tokenizer")
     for name, v in VARIANTS.items():
         digests[name] = write_variant(out, name, v)
         print(f"{name}: sha256 {digests[name]}")
+        if name == "f32" and os.path.isdir(tok_dir):
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(tok_dir, f), os.path.join(out, name, f))
     write_bad(out)
     if expect is not None and expect != digests:
         sys.exit(f"FAIL: generated weights differ from the reference fixture's:\n got {digests}\n want {expect}")
