@@ -133,6 +133,7 @@ struct engine {
     bool started;
     pthread_t thread;
     atomic_llong last_loop_ns;
+    char stall_file[512];          /* fault injection (engine_loop.c): SPECD_FAULT_ENGINE_STALL_FILE */
 
     /* stats (stats_mu) */
     pthread_mutex_t stats_mu;

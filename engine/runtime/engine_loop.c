@@ -8,15 +8,22 @@
  * release the lock and run one sched_step. Stop is checked between steps, so
  * destroy waits at most one step.
  *
+ * Fault injection (tests only): when SPECD_FAULT_ENGINE_STALL_FILE names a
+ * path at engine_start, the loop stalls, without refreshing the watchdog
+ * timestamp and without holding e->mu, for as long as that file exists: a
+ * hung engine, for the systemd watchdog test (tests/server/test_notify.py).
+ *
  * Threading: create / destroy / start / set_proposer from the owner thread;
  * drain / wait_idle from any thread.
  */
 #include "engine/runtime/engine_internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/util/log.h"
 
@@ -81,15 +88,25 @@ int engine_set_proposer(engine *e, struct spec_proposer *p, specd_err *err) {
     return spec_init(e, err);
 }
 
+static bool stall_requested(const engine *e) { return e->stall_file[0] && access(e->stall_file, F_OK) == 0; }
+
 static void *engine_main(void *arg) {
     engine *e = arg;
     for (;;) {
+        if (stall_requested(e)) {
+            LOG_WARN("engine: stalling while %s exists (fault injection)", e->stall_file);
+            while (stall_requested(e) && !e->stop) {
+                struct timespec ts = {0, 100 * 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->n_inbox == 0 && e->n_active_pub == 0 && !e->wake && !e->abort_all) {
             struct timespec dl;
             clock_gettime(CLOCK_REALTIME, &dl);
             dl.tv_sec += 1;
             pthread_cond_timedwait(&e->cv, &e->mu, &dl);
+            if (stall_requested(e)) break;
             atomic_store(&e->last_loop_ns, mono_ns());
         }
         bool stop = e->stop;
@@ -104,6 +121,8 @@ static void *engine_main(void *arg) {
 
 int engine_start(engine *e, specd_err *err) {
     if (e->started) return specd_err_set(err, "engine: already started");
+    const char *stall = getenv("SPECD_FAULT_ENGINE_STALL_FILE");
+    if (stall && *stall) snprintf(e->stall_file, sizeof e->stall_file, "%s", stall);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
         return specd_err_set(err, "engine: cannot create the engine thread");
     e->started = true;

@@ -3,8 +3,10 @@
 - NOTIFY_SOCKET points at a Unix datagram socket this test listens on;
   READY=1 must arrive only once a request can be served (a completion sent
   right after READY succeeds), after STATUS= lines; WATCHDOG=1 pings arrive
-  while idle and while busy (WATCHDOG_USEC=2 s); STOPPING=1 arrives on SIGTERM
-  and the process exits 0.
+  while idle and while busy (WATCHDOG_USEC=2 s); a hung engine loop (simulated
+  with the SPECD_FAULT_ENGINE_STALL_FILE fault injection) stops the pings, so
+  systemd's WatchdogSec would restart the service, and they resume when the
+  loop does; STOPPING=1 arrives on SIGTERM and the process exits 0.
 - `specd serve --check-config` accepts a good setup and rejects a missing
   model, an unreadable API key file and a draft directory without config.json,
   without binding a port.
@@ -106,7 +108,9 @@ def notify():
     th = threading.Thread(target=listen, daemon=True)
     th.start()
     # started without waiting for /health: READY=1 is what this test waits for
-    srv = sp.Server(COMMON, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": None},
+    stall = os.path.join(tmp, "stall")
+    srv = sp.Server(COMMON, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": None,
+                                 "SPECD_FAULT_ENGINE_STALL_FILE": stall},
                     wait=False, log_prefix="specd_notify_")
     proc, log = srv.proc, srv.log
 
@@ -145,11 +149,26 @@ def notify():
         busy = [t for t, m in msgs if m == "WATCHDOG=1" and t >= t1]
         assert len(busy) >= 2, msgs[-10:]
         done.wait(600)
+        # a hung engine: no ping once the loop has been silent for max(WatchdogSec/2, 3 s) = 3 s
+        open(stall, "w").close()
+        t2 = time.time()
+        time.sleep(7.0)
+        hung = [t for t, m in msgs if m == "WATCHDOG=1" and t >= t2 + 4.5]
+        assert not hung, (hung, t2, msgs[-10:])
+        assert "engine loop silent" in open(log.name).read()
+        os.unlink(stall)
+        t3 = time.time()
+        time.sleep(3.5)
+        resumed = [t for t, m in msgs if m == "WATCHDOG=1" and t >= t3]
+        assert len(resumed) >= 1, msgs[-10:]
+        out = complete(2)  # and it serves again
+        assert out["usage"]["completion_tokens"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, open(log.name).read()
         time.sleep(0.3)
         assert any(m == "STOPPING=1" for _, m in msgs), msgs[-10:]
-        print(f"notify: ok ({len(msgs)} messages, {len(idle)} idle / {len(busy)} busy pings)")
+        print(f"notify: ok ({len(msgs)} messages, {len(idle)} idle / {len(busy)} busy pings, none while the "
+              f"engine loop was hung, {len(resumed)} within 3.5 s after it resumed)")
         return 0
     finally:
         stop.set()
@@ -158,6 +177,8 @@ def notify():
             proc.wait()
         sock.close()
         os.unlink(path)
+        if os.path.exists(stall):
+            os.unlink(stall)
         os.rmdir(tmp)
 
 
