@@ -274,8 +274,9 @@ int specd_serve_main(int argc, char **argv) {
     engine_drain(b.eng);
     if (engine_wait_idle(b.eng, cfg.shutdown_timeout) != 0)
         LOG_WARN("shutdown timeout (%.1f s) reached: remaining requests aborted", cfg.shutdown_timeout);
-    /* let the last frames reach the clients */
-    for (int i = 0; i < 500 && http_active_requests(srv) > 0; i++) {
+    /* let the last frames reach the clients (they may be slow readers, or the
+     * machine loaded): up to 20 s, inside the 30 s TimeoutStopSec margin of deploy/ */
+    for (int i = 0; i < 2000 && http_active_requests(srv) > 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
