@@ -48,9 +48,21 @@ Usage: make_random_head.py --layout {speculators,eagle} --out DIR --seed S
        [--attention-bias] [--no-lm-head] [--minimal-config]
        [--corrupt no-d2t|absolute-d2t|out-of-range|not-increasing|
                   t2d-mismatch|identity-zeros]
+       [--hidden H --heads N --kv-heads N --head-dim D --inter I
+        --target-vocab V --draft-vocab V --target-layers L --aux-ids a,b,c
+        --lm-head-scale S --verifier NAME]
 --corrupt writes a head whose vocabulary map the C loader must refuse (each
 mode's defect is in CORRUPTIONS; identity-zeros is the valid all-zeros
 identity map, which must load).
+The size options (each defaults to SmolLM2's value above, so a run without
+them writes the same bytes as before they existed) size a head for another
+target, e.g. the tiny Llama of tools/gen_llama_hf_mini.py (hidden 64,
+vocab 512, 3 layers; see tools/eagle3/make_sampling_fixture.py). --aux-ids
+are in specd's "input" convention (residual entering layer i) and are
+written at the top level for the speculators layout (input convention) and
+minus one in eagle_config for the eagle layout (output convention), as the
+defaults are. --lm-head-scale replaces lm_head's gain 2.0; --verifier the
+speculators_config verifier name.
 """
 
 import argparse
@@ -65,6 +77,8 @@ H, HEADS, KV_HEADS, HEAD_DIM, INTER = 576, 9, 3, 64, 1536
 TARGET_VOCAB, DRAFT_VOCAB, N_LAYERS = 49152, 32000, 30
 RMS_EPS = 1e-5
 AUX_IDS = [2, N_LAYERS // 2, N_LAYERS - 3]   # "input to layer i" convention
+LM_HEAD_SCALE = 2.0
+VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -153,7 +167,7 @@ def make_config(layout: str, rope_theta, nbr: bool, attention_bias: bool,
                     "proposal_type": "greedy", "speculative_tokens": 3,
                     "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "default_proposal_method": "greedy",
-                "verifier": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "verifier": {"name_or_path": VERIFIER,
                              "architectures": ["LlamaForCausalLM"]},
             },
         }
@@ -239,7 +253,7 @@ def make_tensors(rng, layout: str, attention_bias: bool, lm_head: bool) -> dict:
     t[p + "hidden_norm.weight"] = nw(H)
     t[p + "post_attention_layernorm.weight"] = nw(H)
     t["norm.weight"] = nw(H)
-    lm = lin(DRAFT_VOCAB, H, 2.0)          # drawn even when omitted: same stream
+    lm = lin(DRAFT_VOCAB, H, LM_HEAD_SCALE)  # drawn even when omitted: same stream
     if lm_head:
         t["lm_head.weight"] = lm
     if attention_bias:
@@ -280,6 +294,20 @@ def write_head(out: str, layout: str, seed: int, rope_theta=100000.0,
     return cfg
 
 
+def set_sizes(hidden, heads, kv_heads, head_dim, inter, target_vocab, draft_vocab, n_layers,
+              aux_ids=None, lm_head_scale=2.0, verifier=VERIFIER):
+    """Overrides the module's size constants (every function reads them at
+    call time). aux_ids None: the default {2, L/2, L-3}."""
+    global H, HEADS, KV_HEADS, HEAD_DIM, INTER, TARGET_VOCAB, DRAFT_VOCAB, N_LAYERS, AUX_IDS
+    global LM_HEAD_SCALE, VERIFIER
+    if not 0 < draft_vocab <= target_vocab:
+        raise SystemExit("make_random_head: need 0 < --draft-vocab <= --target-vocab")
+    H, HEADS, KV_HEADS, HEAD_DIM, INTER = hidden, heads, kv_heads, head_dim, inter
+    TARGET_VOCAB, DRAFT_VOCAB, N_LAYERS = target_vocab, draft_vocab, n_layers
+    AUX_IDS = list(aux_ids) if aux_ids else [2, n_layers // 2, n_layers - 3]
+    LM_HEAD_SCALE, VERIFIER = lm_head_scale, verifier
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layout", choices=["speculators", "eagle"], required=True)
@@ -294,7 +322,23 @@ def main():
                     help="eagle layout: no target_hidden_size, no eagle_config (defaults apply)")
     ap.add_argument("--corrupt", choices=sorted(CORRUPTIONS),
                     help="write a deliberately broken vocabulary map (loader refusal tests)")
+    ap.add_argument("--hidden", type=int, default=H, help="draft and target hidden size")
+    ap.add_argument("--heads", type=int, default=HEADS)
+    ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
+    ap.add_argument("--head-dim", type=int, default=HEAD_DIM)
+    ap.add_argument("--inter", type=int, default=INTER, help="intermediate_size")
+    ap.add_argument("--target-vocab", type=int, default=TARGET_VOCAB)
+    ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB)
+    ap.add_argument("--target-layers", type=int, default=N_LAYERS,
+                    help="target depth (sets the default aux ids {2, L/2, L-3})")
+    ap.add_argument("--aux-ids", default=None,
+                    help="comma-separated aux layer ids, input convention (default {2, L/2, L-3})")
+    ap.add_argument("--lm-head-scale", type=float, default=LM_HEAD_SCALE)
+    ap.add_argument("--verifier", default=VERIFIER, help="speculators_config verifier name_or_path")
     a = ap.parse_args()
+    set_sizes(a.hidden, a.heads, a.kv_heads, a.head_dim, a.inter, a.target_vocab, a.draft_vocab,
+              a.target_layers, [int(x) for x in a.aux_ids.split(",")] if a.aux_ids else None,
+              a.lm_head_scale, a.verifier)
     theta = None if a.rope_theta.lower() == "none" else float(a.rope_theta)
     write_head(a.out, a.layout, a.seed, theta, a.norm_before_residual,
                a.attention_bias, not a.no_lm_head, a.minimal_config, a.corrupt)
