@@ -368,10 +368,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
             if (per > 1 && r->ttft >= 0) tpot = (total - r->ttft) / (double)(per - 1);
             metrics_latency(r->srv->metrics, r->ttft, tpot, total);
         }
-        LOG_INFO("request %s %s status=%d prompt_tokens=%lld completion_tokens=%lld ttft_ms=%.1f total_ms=%.1f%s",
+        /* toe: why MHD ended the request when not completed (1 error, 2 timeout, 3 daemon shutdown,
+         * 4 read error, 5 client abort), so an early close can be told apart in the log */
+        LOG_INFO("request %s %s status=%d prompt_tokens=%lld completion_tokens=%lld ttft_ms=%.1f total_ms=%.1f%s%s",
                  r->id[0] ? r->id : "-", r->endpoint, status, (long long)r->prompt_tokens_total,
                  (long long)r->completion_tokens_total, r->ttft >= 0 ? r->ttft * 1e3 : -1.0, total * 1e3,
-                 r->client_gone ? " (client gone)" : "");
+                 r->client_gone ? " (client gone)" : "",
+                 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? ""
+                 : toe == MHD_REQUEST_TERMINATED_WITH_ERROR ? " (mhd: terminated with error)"
+                 : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (mhd: timeout)"
+                 : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? " (mhd: daemon shutdown)"
+                 : toe == MHD_REQUEST_TERMINATED_READ_ERROR ? " (mhd: read error)"
+                 : " (mhd: client abort)");
     }
     http_gen_free(r);
     free(r->body);

@@ -109,6 +109,10 @@ static void intake_and_aborts(engine *e) {
         memcpy(e->waiting + e->n_waiting, e->inbox, n_in * sizeof *e->inbox);
         e->n_waiting += n_in;
         e->n_inbox = 0;
+        /* still active in the published count until the step's engine_publish_stats: otherwise
+         * engine_wait_idle (the SIGTERM drain) could see neither inbox nor active requests while
+         * this step prefills them and emits their first tokens */
+        e->n_active_pub += (int64_t)n_in;
     }
     pthread_mutex_unlock(&e->mu);
     for (int pass = 0; pass < 2; pass++) {
