@@ -42,7 +42,9 @@
  * (k = 2; the first speculative step verifies [t1, d1, d2]: t2 is d1
  * accepted or the residual resample, t3 is d2 accepted, the residual, or
  * (after a rejection) the next step's token; t4 the bonus token or a later
- * step's), BATCH = 100 in flight, max_tokens 4, ignore_eos.
+ * step's), BATCH = 100 in flight, max_tokens 4 (not 3: the engine drafts at
+ * most max_tokens - generated - 1 tokens, so max_tokens 3 gave 1 draft per
+ * step), ignore_eos.
  *
  * Statistics: per mode three chi-square goodness-of-fit tests against the
  * exact distribution, on (t1, t2), (t1, t2, t3) and (t1, t2, t3, t4); cells with
@@ -51,10 +53,14 @@
  * so by the union bound a correct engine fails this test with probability
  * <= 1e-6 over the seeds (the asymptotic chi-square approximation is the
  * only approximation: every kept cell has expected count >= 5, typically
- * hundreds). The seeds are fixed, so a given build is deterministic.
+ * tens to hundreds). The seeds are fixed, so a given build is deterministic.
  * Also asserted: the speculative run accepted some drafts and rejected
  * some (0 < accepted < draft tokens), per-position acceptance is
  * non-increasing, and every target and draft KV block is free at the end.
+ * Mutation check (a private copy of sampler.c / spec.c linked ahead of the
+ * library, 2026-11-29): accept always, accept with p(x) ignoring q,
+ * residual = p instead of max(0, p - q), q row 0 for every draft, bonus
+ * token from the previous row: each fails this test (p-values <= 1e-56).
  *
  * Threading: single-threaded (engine_step on the test thread).
  */
