@@ -25,6 +25,16 @@ EAGLE-3 head with k = 3, so the draft KV pool is in play) with
   8. SIGTERM while a stream runs: /health and a new request answer 503 with
      Retry-After: 5 and error type service_unavailable; the running stream
      still ends with [DONE]; exit code 0.
+A second server (--max-num-seqs 1 --max-queue-time 2, no draft) drives the
+queue time limit the soak also counts on (its rejected_503_queue outcome):
+with a long stream running, a waiting non-streaming request gets 503 +
+Retry-After: 5 + service_unavailable naming --max-queue-time after at least
+2 s; a waiting stream gets the same error before any token (as a 503 body or
+as the first event of its stream, the two forms the soak accepts); an n = 2
+request gets one 503 for both choices; specd_num_queue_timeouts_total counts
+the 4 sequences; after the runner hangs up all blocks are free and the next
+request is served.
+
 The reference text comes from the same binary before any overload (the
 quiet path is tested against `specd generate` in server_e2e).
 
@@ -67,8 +77,9 @@ def srv():
                            "--max-waiting", "3", "--draft", head, "--num-speculative-tokens", "3",
                            "--shutdown-timeout", "900"])
     yield s
-    s.stop()
+    rc = s.stop()
     shutil.rmtree(head, ignore_errors=True)
+    assert rc == 0, f"exit code {rc}: {s.read_log()}"
 
 
 def wait_metric(srv, pred, what, limit=60):
@@ -183,6 +194,62 @@ def test_queue_full_and_drain(srv):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length", chunks[-1]
     cd.close()
     assert srv.proc.wait(timeout=120) == 0, srv.read_log()
+
+
+@pytest.fixture(scope="module")
+def qsrv():
+    s = R.Server(R.MODEL, ["--max-model-len", "512", "--kv-cache-memory", "64M", "--max-num-seqs", "1",
+                           "--max-queue-time", "2"])
+    yield s
+    assert s.stop() == 0, s.read_log()
+
+
+def test_queue_time_limit(qsrv):
+    srv = qsrv
+    t0_count = srv.metrics().get("specd_num_queue_timeouts_total", 0)
+    ca, ra, ea = open_stream(srv.port, LONG)
+    next(ea)
+    wait_metric(srv, lambda m: m["specd_num_requests_running"] == 1, "A running")
+
+    # a waiting non-streaming request: 503 after the limit, not before
+    t = time.time()
+    st, data, hdrs = srv.raw("POST", "/v1/completions", BODY)
+    waited = time.time() - t
+    err = assert_openai_error(st, data, hdrs, 503, "5", "service_unavailable")
+    assert "--max-queue-time" in err["message"], err
+    assert 2.0 <= waited < 120, waited
+
+    # a waiting stream: the same error before any token, as a 503 body or as the stream's first event
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(BODY, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status == 200:  # today's form: the headers went out at submit; an error event, then [DONE]
+        events = list(R.sp.sse_data(r))
+        assert len(events) == 2 and events[1] == "[DONE]", events
+        first = json.loads(events[0])
+        assert "error" in first and "--max-queue-time" in first["error"]["message"], first
+        assert first["error"]["type"] == "service_unavailable", first
+    else:
+        err = assert_openai_error(r.status, r.read(), dict(r.getheaders()), 503, "5", "service_unavailable")
+        assert "--max-queue-time" in err["message"], err
+    c.close()
+
+    # n = 2: both choices time out, one 503
+    st, data, hdrs = srv.raw("POST", "/v1/completions", dict(BODY, n=2))
+    err = assert_openai_error(st, data, hdrs, 503, "5", "service_unavailable")
+    assert "--max-queue-time" in err["message"], err
+
+    # the counter is published at the end of an engine step, possibly after the client saw its 503
+    m = wait_metric(srv, lambda m: m["specd_num_queue_timeouts_total"] - t0_count >= 4, "4 queue timeouts", 30)
+    assert m["specd_num_queue_timeouts_total"] - t0_count == 4, m["specd_num_queue_timeouts_total"]
+    assert m["specd_num_requests_running"] == 1 and m["specd_num_requests_waiting"] == 0, m  # A undisturbed
+    ca.sock.shutdown(socket.SHUT_RDWR)
+    ca.close()
+    m = srv.wait_idle(timeout=300)
+    assert srv.is_idle(m) and m["specd_kv_blocks_free"] == m["specd_kv_blocks_total"] > 0, m
+    st, data, _ = srv.raw("POST", "/v1/completions", BODY)
+    assert st == 200, data
 
 
 if __name__ == "__main__":
