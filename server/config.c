@@ -37,7 +37,7 @@ const cfg_option specd_serve_options[] = {
     {"max-num-batched-tokens", CFG_INT, "2048", 1, 1 << 20, OFF(max_num_batched_tokens), CFG_ENGINE, NULL,
      "token budget of one step (prefill is chunked to fit)"},
     {"max-waiting", CFG_INT, "1024", 0, 1 << 20, OFF(max_waiting), CFG_ENGINE, NULL,
-     "waiting-queue bound (0 = unbounded); requests beyond it get 429 with Retry-After"},
+     "waiting-queue bound in sequences (0 = unbounded); beyond it 429 with Retry-After; a request needing more than the bound alone (n x prompts) is a 400"},
     {"max-queue-time", CFG_DOUBLE, "0", 0, 86400, OFF(max_queue_time), CFG_ENGINE, NULL,
      "seconds a request may wait in the queue before it starts; past it, 503 (0 = no limit)"},
     {"block-size", CFG_INT, "16", 1, 1024, OFF(block_size), CFG_ENGINE, NULL, "KV cache tokens per block"},
