@@ -166,10 +166,10 @@ def one_request(port, path, body, stops, hang_after, stats, timeout=600):
                         break
                     o = json.loads(d)
                     if "error" in o:
-                        # the queue time limit only ends requests that never started (no token yet;
-                        # a chat stream has sent its role chunk, an echo stream its prompt)
-                        msg = str(o["error"].get("message", ""))
-                        queued = "--max-queue-time" in msg and (body.get("echo") or not any(texts.values()))
+                        # the queue time limit ends sequences that never started; with n > 1 the
+                        # request's other choices may have streamed tokens already (each choice is
+                        # a sequence), so the documented message is what identifies it
+                        queued = "--max-queue-time" in str(o["error"].get("message", ""))
                         stats.add("rejected_503_queue" if queued else "stream_error", o)
                         return 1.0 if queued else None
                     events += 1
