@@ -40,7 +40,7 @@ static void usage(FILE *f) {
             "  generate MODEL --prompt T    run one request offline (or --chat T)\n"
             "  tokenize --model M [TEXT]    print token ids as a JSON array\n"
             "  detokenize --model M [IDS]   print the text of a JSON array of ids\n"
-            "  vocab build|inspect|validate draft vocabulary maps (t2d / d2t)\n"
+            "  vocab count|build|inspect|validate  draft vocabulary maps (t2d / d2t)\n"
             "  extract ...                  dump hidden states for draft training\n"
             "\n"
             "`specd <command> --help` lists each command's flags. specd %s\n",
