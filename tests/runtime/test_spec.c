@@ -250,34 +250,7 @@ static void test_stops_inside_block(void **st) {
     assert_memory_equal(r.toks, ref, 7 * sizeof(int32_t));
 }
 
-/* ---- statistics: chi-square upper tail via the regularized gamma function ---- */
-static double gamma_q(double a, double x) { /* Q(a, x) = 1 - P(a, x) */
-    if (x <= 0) return 1.0;
-    if (x < a + 1) { /* series for P */
-        double sum = 1.0 / a, term = sum;
-        for (int n = 1; n < 1000; n++) {
-            term *= x / (a + n);
-            sum += term;
-            if (term < sum * 1e-15) break;
-        }
-        return 1.0 - sum * exp(-x + a * log(x) - lgamma(a));
-    }
-    double b = x + 1 - a, c = 1e300, d = 1 / b, h = d; /* continued fraction for Q (Lentz) */
-    for (int i = 1; i < 1000; i++) {
-        double an = -i * (i - a);
-        b += 2;
-        d = an * d + b;
-        if (fabs(d) < 1e-300) d = 1e-300;
-        c = b + an / c;
-        if (fabs(c) < 1e-300) c = 1e-300;
-        d = 1 / d;
-        double del = d * c;
-        h *= del;
-        if (fabs(del - 1) < 1e-15) break;
-    }
-    return exp(-x + a * log(x) - lgamma(a)) * h;
-}
-static double chi2_sf(double x, int df) { return gamma_q(df / 2.0, x / 2.0); }
+#include "stats_chi2.h" /* gamma_q, chi2_sf */
 
 /* chi-square of observed vs expected (probabilities), cells < 5 expected merged; returns the p-value */
 static double chi2_pvalue(const long *obs, const double *prob, int n_cells, long n) {

@@ -140,36 +140,7 @@ static int cell(table *t, const int32_t *toks, bool add) {
     return t->n++;
 }
 
-/* ---- chi-square upper tail via the regularized gamma function Q(a, x)
- * (series for P when x < a + 1, Lentz's continued fraction for Q otherwise;
- * Numerical Recipes §6.2) ---- */
-static double gamma_q(double a, double x) {
-    if (x <= 0) return 1.0;
-    if (x < a + 1) {
-        double sum = 1.0 / a, term = sum;
-        for (int n = 1; n < 1000; n++) {
-            term *= x / (a + n);
-            sum += term;
-            if (term < sum * 1e-15) break;
-        }
-        return 1.0 - sum * exp(-x + a * log(x) - lgamma(a));
-    }
-    double b = x + 1 - a, c = 1e300, d = 1 / b, h = d;
-    for (int i = 1; i < 1000; i++) {
-        double an = -i * (i - a);
-        b += 2;
-        d = an * d + b;
-        if (fabs(d) < 1e-300) d = 1e-300;
-        c = b + an / c;
-        if (fabs(c) < 1e-300) c = 1e-300;
-        d = 1 / d;
-        double del = d * c;
-        h *= del;
-        if (fabs(del - 1) < 1e-15) break;
-    }
-    return exp(-x + a * log(x) - lgamma(a)) * h;
-}
-static double chi2_sf(double x, int df) { return gamma_q(df / 2.0, x / 2.0); }
+#include "stats_chi2.h" /* gamma_q, chi2_sf */
 
 /* Pearson chi-square of t's counts against n * p, cells of expected count < 5
  * merged into one; returns the p-value (0 if an impossible key was seen).
