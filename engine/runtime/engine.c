@@ -433,6 +433,10 @@ void engine_publish_stats(engine *e) {
     t->spec_num_draft_tokens_total = e->spec_draft_tokens;
     t->spec_num_accepted_tokens_total = e->spec_accepted;
     memcpy(t->spec_accepted_per_pos_total, e->spec_per_pos, sizeof e->spec_per_pos);
+    t->forward_seconds_total = e->t_forward_s;
+    t->spec_verify_forward_seconds_total = e->t_verify_forward_s;
+    t->spec_verify_steps_total = e->verify_steps;
+    t->spec_draft_seconds_total = e->t_draft_s;
     if (e->proposer && e->proposer->ops->kv_usage)
         e->proposer->ops->kv_usage(e->proposer->ctx, &t->draft_kv_blocks_total, &t->draft_kv_blocks_free);
     pthread_mutex_unlock(&e->stats_mu);

@@ -119,6 +119,11 @@ struct engine {
                              only with a proposer, aux layers and prefix caching */
     float *aux_gather; size_t cap_gather_rows;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_per_pos[16];
+    /* engine-thread wall time (engine_now_s), seconds: target forward passes,
+     * the part of them in steps that verify drafts, and proposer calls
+     * (propose + extend); engine_stats reports them */
+    double t_forward_s, t_verify_forward_s, t_draft_s;
+    int64_t verify_steps;
     uint64_t seed_state;
 
     /* shared state (mu) */

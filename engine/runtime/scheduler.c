@@ -226,7 +226,9 @@ static void schedule(engine *e) {
         if (add_sched(e, s, n_new, 0) != 0) break;
         budget -= n_new;
     }
+    double t0 = engine_now_s();
     spec_propose(e);
+    e->t_draft_s += engine_now_s() - t0;
 }
 
 /* ---------------------------------------------------------------- run */
@@ -399,7 +401,14 @@ int sched_step(engine *e, specd_err *err) {
     int rc = 0;
     if (n > 0) {
         specd_err local = {0};
-        if (run_batch(e, &local) != 0) {
+        bool verify = false;
+        for (size_t i = 0; i < e->n_sched; i++) verify |= e->sched[i]->n_draft > 0;
+        double t0 = engine_now_s();
+        int frc = run_batch(e, &local);
+        double dt = engine_now_s() - t0;
+        e->t_forward_s += dt;
+        if (verify) e->t_verify_forward_s += dt, e->verify_steps++;
+        if (frc != 0) {
             LOG_ERROR("engine: step failed: %s", local.msg);
             for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);
             if (err) *err = local;

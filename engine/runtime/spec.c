@@ -114,9 +114,11 @@ bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit) {
         aux = e->aux_gather;
     }
     specd_err err = {0};
+    double t0 = engine_now_s();
     if (e->proposer->ops->extend &&
         e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens, hit, 0, aux, &err) != 0)
         LOG_DEBUG("engine: proposer extend of a %d-token prefix hit: %s", hit, err.msg);
+    e->t_draft_s += engine_now_s() - t0;
     return true;
 }
 
@@ -203,15 +205,19 @@ void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n) {
     if (!e->proposer || !e->proposer->ops->extend || n <= 0) return;
     const float *aux = e->n_aux > 0 ? e->aux + (size_t)s->sched_t0 * (size_t)e->n_aux * (size_t)e->runner.hidden : NULL;
     specd_err err = {0};
+    double t0 = engine_now_s();
     if (e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, aux, &err) != 0)
         LOG_DEBUG("engine: proposer extend (seq %lld, %d tokens at %d): %s", (long long)s->id, n, pos0, err.msg);
+    e->t_draft_s += engine_now_s() - t0;
 }
 
 void spec_extend_sampled(engine *e, sched_seq *s, int32_t tok, int32_t pos) {
     if (!e->proposer || !e->proposer->ops->extend) return;
     specd_err err = {0};
+    double t0 = engine_now_s();
     if (e->proposer->ops->extend(e->proposer->ctx, s->id, &tok, 1, pos, NULL, &err) != 0)
         LOG_DEBUG("engine: proposer extend (seq %lld, sampled at %d): %s", (long long)s->id, pos, err.msg);
+    e->t_draft_s += engine_now_s() - t0;
 }
 
 /* ---------------------------------------------------------------- verify */

@@ -512,6 +512,12 @@ def test_draft_lossless_concurrent_with_prefix_caching(srv):
         assert m["specd_spec_decode_num_drafts_total"] > 0
         assert m["specd_spec_decode_num_draft_tokens_total"] >= m["specd_spec_decode_num_drafts_total"]
         assert m["specd_spec_decode_num_accepted_tokens_total"] <= m["specd_spec_decode_num_draft_tokens_total"]
+        # time split: every draft round sits in a verify step (one step verifies up to 8 rounds), the
+        # verify steps are a part of all forward passes, and the draft model took time
+        assert 0 < m["specd_spec_decode_verify_steps_total"] <= m["specd_spec_decode_num_drafts_total"]
+        assert m["specd_spec_decode_verify_steps_total"] * 8 >= m["specd_spec_decode_num_drafts_total"]
+        assert 0 < m["specd_spec_decode_verify_forward_seconds_total"] <= m["specd_model_forward_seconds_total"]
+        assert m["specd_spec_decode_draft_seconds_total"] > 0
     finally:
         assert s3.stop() == 0, s3.read_log()
         for f in os.listdir(head):

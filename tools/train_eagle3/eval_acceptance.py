@@ -6,6 +6,9 @@ sends the first N questions of a prompt set as chat requests (greedy,
 --max-tokens), and reads the spec-decode counters from /metrics:
 acceptance length = 1 + accepted / drafts, per-position acceptance =
 accepted_per_pos[i] / drafts. k = 0 is the plain baseline (output tok/s).
+Time split (server-side, engine thread): target forward ms per engine step;
+with drafts, target forward ms per verify step and draft-model ms (propose +
+extend) per verify step.
 Stdlib only.
 
 Usage: eval_acceptance.py --head DIR [--model GGUF] [--set gsm8k_test|mt_bench] [--n 200]
@@ -106,6 +109,13 @@ def main():
                               d("specd_spec_decode_num_accepted_tokens_total"))
         r = {"k": k, "requests": len(qs), "completion_tokens": toks, "seconds": round(dt, 2),
              "output_tok_s": round(toks / dt, 2)}
+        steps, fwd = d("specd_engine_steps_total"), d("specd_model_forward_seconds_total")
+        vsteps = d("specd_spec_decode_verify_steps_total")
+        if steps > 0:  # time split: mean target forward per engine step; with drafts, per verify step
+            r["forward_ms_per_step"] = round(1e3 * fwd / steps, 2)
+        if vsteps > 0:
+            r["verify_forward_ms_per_step"] = round(1e3 * d("specd_spec_decode_verify_forward_seconds_total") / vsteps, 2)
+            r["draft_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_seconds_total") / vsteps, 2)
         if k > 0 and drafts > 0:
             r.update({"drafts": drafts, "draft_tokens": dtoks, "accepted": acc,
                       "acceptance_length": round(1 + acc / drafts, 3), "acceptance_rate": round(acc / dtoks, 3),
