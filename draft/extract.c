@@ -181,7 +181,9 @@ int extract_main(int argc, char **argv) {
     size_t cap = 0;
     if (mkdir(out, 0755) != 0 && errno != EEXIST) { fprintf(stderr, "specd extract: %s: %s\n", out, strerror(errno)); goto done; }
     model_load_opts mo = {.block_size = 16, .n_blocks = (int32_t)((max_len + 15) / 16)};
-    if (!be || model_load(target, be, &mo, &r.m, &err) < 0 || tok_create_from_gguf(model_gguf(r.m), &r.tok, &err) < 0) {
+    if (!be || model_load(target, be, &mo, &r.m, &err) < 0 ||
+        (model_gguf(r.m) ? tok_create_from_gguf(model_gguf(r.m), &r.tok, &err)
+                         : tok_create_from_dir(target, &r.tok, &err)) < 0) { /* GGUF, or an HF directory */
         fprintf(stderr, "specd extract: %s\n", err.msg);
         goto done;
     }
