@@ -33,7 +33,8 @@
  * runs all 80 x 256 (the closing-note command; see tools/spec_lossless_full.sh).
  * SPECD_SPEC_PROMPTS / SPECD_SPEC_NEW override the two numbers (quick runs);
  * SPECD_SPEC_RANDOM=0 leaves the random head out (a full run with the trained
- * head only).
+ * head only); SPECD_SPEC_SHARD=i/n keeps every n-th prompt from i (parallel
+ * single-thread processes; the script sums their counts).
  * Prompts: SPECD_PROMPTS_DIR or $SPECD_SOURCE_DIR/../shared/data/prompts
  * (mt_bench.jsonl); skipped (77) when absent, as when the model or python is.
  * Printed per (head, k, mode): acceptance length 1 + accepted/drafts,
@@ -116,6 +117,11 @@ static int argmax(const float *x, int32_t n) {
 
 /* ---------------------------------------------------------------- prompts */
 
+/* SPECD_SPEC_SHARD=i/n: this process serves prompts whose index % n == i (of
+ * the first `want`), so tools/spec_lossless_full.sh can run n single-thread
+ * processes side by side; default 0/1 = all. */
+static int g_shard_i = 0, g_shard_n = 1;
+
 static void load_prompts(int want) {
     char path[1200];
     const char *dir = getenv("SPECD_PROMPTS_DIR");
@@ -129,11 +135,14 @@ static void load_prompts(int want) {
     char *line = NULL;
     size_t cap = 0;
     g_np = 0;
-    while (g_np < want && getline(&line, &cap, f) > 0) {
+    int li = 0, kept_want = 0;
+    for (int i = 0; i < want; i++) kept_want += i % g_shard_n == g_shard_i;
+    while (li < want && getline(&line, &cap, f) > 0) {
+        if (li++ % g_shard_n != g_shard_i) continue;
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
         const char *q = json_string_value(json_array_get(json_object_get(j, "turns"), 0));
-        if (!q) { fprintf(stderr, "%s: line %d has no turns[0]\n", path, g_np + 1); exit(1); }
+        if (!q) { fprintf(stderr, "%s: line %d has no turns[0]\n", path, li); exit(1); }
         chat_message msg = {.role = "user", .content = q, .name = NULL};
         chat_options co = {.add_generation_prompt = true, .thinking = -1, .default_system = NULL};
         size_t n = 0;
@@ -147,7 +156,7 @@ static void load_prompts(int want) {
     }
     free(line);
     fclose(f);
-    if (g_np < want) { fprintf(stderr, "%s: only %d prompts, want %d\n", path, g_np, want); exit(1); }
+    if (g_np < kept_want) { fprintf(stderr, "%s: only %d prompts, want %d\n", path, li, want); exit(1); }
 }
 
 /* ---------------------------------------------------------------- reference */
@@ -219,6 +228,12 @@ static int setup(void **state) {
     if (getenv("SPECD_SPEC_PROMPTS")) want = atoi(getenv("SPECD_SPEC_PROMPTS")); /* quick local runs */
     if (getenv("SPECD_SPEC_NEW")) g_max_new = atoi(getenv("SPECD_SPEC_NEW"));
     if (want < 1 || want > MAXP || g_max_new < 1) { fprintf(stderr, "bad SPECD_SPEC_PROMPTS/NEW\n"); return -1; }
+    const char *sh_env = getenv("SPECD_SPEC_SHARD");
+    if (sh_env && (sscanf(sh_env, "%d/%d", &g_shard_i, &g_shard_n) != 2 || g_shard_n < 1 || g_shard_i < 0 ||
+                   g_shard_i >= g_shard_n || g_shard_n > want)) {
+        fprintf(stderr, "bad SPECD_SPEC_SHARD=%s (want i/n, 0 <= i < n <= prompts)\n", sh_env);
+        return -1;
+    }
     const char *gg = getenv("SPECD_MODEL_GGUF");
     if (!gg || access(gg, R_OK) != 0) {
         printf("SKIP: SmolLM2 GGUF not found at %s (run tools/setup.sh)\n", gg ? gg : "(SPECD_MODEL_GGUF unset)");
@@ -354,9 +369,15 @@ static double report(const char *head, int32_t k, const char *mode, const engine
     }
     assert_int_equal(sum, acc);
     double tau = 1.0 + (double)acc / (double)drafts;
+    char counts[256];
+    int co = 0;
+    for (int i = 0; i < k && i < 16; i++)
+        co += snprintf(counts + co, sizeof counts - (size_t)co, " %lld",
+                       (long long)(b->spec_accepted_per_pos_total[i] - a->spec_accepted_per_pos_total[i]));
     printf("%-8s k=%d %-10s: %lld tokens, %lld drafts, acceptance length %.3f, rate %.3f, per position [%s ], "
-           "%.1f s CPU\n", head, k, mode, (long long)gen, (long long)drafts, tau, dt ? (double)acc / (double)dt : 0.0,
-           per, cpu);
+           "%.1f s CPU; counts: drafts %lld draft_tokens %lld accepted %lld per_pos%s\n", head, k, mode,
+           (long long)gen, (long long)drafts, tau, dt ? (double)acc / (double)dt : 0.0, per, cpu, (long long)drafts,
+           (long long)dt, (long long)acc, counts);
     fflush(stdout);
     return tau;
 }
