@@ -115,6 +115,11 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
     LOG_INFO("max_model_len %d (KV pool holds %lld tokens)", b->max_model_len, (long long)kv_tokens);
     if (b->spec.enabled) {
         eagle3_opts eo = {0};
+        if (cfg->draft_aux_convention &&
+            eagle3_aux_convention_parse(cfg->draft_aux_convention, &eo.aux_ids_convention, err) != 0) {
+            specd_err_wrap(err, "--draft-aux-convention");
+            goto fail;
+        }
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
@@ -209,10 +214,23 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
                 }
                 snprintf(key, sizeof key, "%.*s.block_count", (int)al, arch);
                 int32_t aux[EAGLE3_MAX_AUX];
-                if (!gguf_get_i64(b.tok_gguf, key, &layers, NULL) &&
-                    eagle3_config_aux_layers(&ec, (int32_t)layers, EAGLE3_AUX_AUTO, 0, aux, err) < 0) {
-                    specd_err_wrap(err, "draft %s vs a %lld-layer target", spec.model, (long long)layers);
+                eagle3_aux_convention conv = EAGLE3_AUX_AUTO;
+                if (cfg->draft_aux_convention &&
+                    eagle3_aux_convention_parse(cfg->draft_aux_convention, &conv, err) != 0) {
+                    specd_err_wrap(err, "--draft-aux-convention");
                     goto done;
+                }
+                if (!gguf_get_i64(b.tok_gguf, key, &layers, NULL)) {
+                    int n = eagle3_config_aux_layers(&ec, (int32_t)layers, conv, 0, aux, err);
+                    if (n < 0) {
+                        specd_err_wrap(err, "draft %s vs a %lld-layer target", spec.model, (long long)layers);
+                        goto done;
+                    }
+                    char ids[96];
+                    int o = 0;
+                    for (int i = 0; i < n && o < (int)sizeof ids - 12; i++)
+                        o += snprintf(ids + o, sizeof ids - (size_t)o, "%s%d", i ? ", " : "", aux[i]);
+                    LOG_INFO("draft %s: aux layers {%s} (input convention)", spec.model, ids);
                 }
             }
         }

@@ -63,6 +63,9 @@ const cfg_option specd_serve_options[] = {
     {"draft", CFG_STR, NULL, NOB, OFF(draft), CFG_ENGINE, NULL, "EAGLE-3 draft head directory (same as speculative-config model)"},
     {"num-speculative-tokens", CFG_INT, "-1", -1, 16, OFF(num_speculative_tokens), CFG_ENGINE, NULL,
      "draft tokens per step k (default 3 with a draft)"},
+    {"draft-aux-convention", CFG_STR, "auto", NOB, OFF(draft_aux_convention), CFG_ENGINE, "auto|input|output",
+     "how the head's explicit aux layer ids are read: input = residual entering layer i (vLLM), output = leaving "
+     "layer i (SGLang/SpecForge eagle_config), auto = by the key's place (docs/draft.md)"},
     {"check-config", CFG_BOOL, "false", NOB, OFF(check_config), CFG_NOENV, NULL,
      "validate flags, files and the model/draft pairing, then exit without serving"},
     {"log-level", CFG_STR, "info", NOB, OFF(log_level), CFG_ENGINE, "debug|info|warn|error", "log verbosity"},

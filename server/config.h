@@ -96,6 +96,7 @@ typedef struct specd_config {
     char *speculative_config;  /* vLLM JSON */
     char *draft;               /* draft head directory */
     int32_t num_speculative_tokens; /* -1 = from --speculative-config or 3 */
+    char *draft_aux_convention; /* "auto" | "input" | "output": how the head's explicit aux layer ids are read */
     bool check_config;
     char *log_level;
 } specd_config;

@@ -60,6 +60,14 @@ def check_config():
         if not made:
             r = run(MODEL, "--draft", d, "--num-speculative-tokens", "3")
             assert r.returncode == 0, r.stderr.decode()
+            assert b"aux layers {2, 15, 27} (input convention)" in r.stderr, r.stderr.decode()
+            # the head's top-level ids [2, 15, 27] read the other way: outputs of 2, 15, 27 = inputs of 3, 16, 28
+            r = run(MODEL, "--draft", d, "--draft-aux-convention", "output")
+            assert r.returncode == 0 and b"aux layers {3, 16, 28} (input convention)" in r.stderr, r.stderr.decode()
+            r = run(MODEL, "--draft", d, "--draft-aux-convention", "input")
+            assert r.returncode == 0 and b"aux layers {2, 15, 27} (input convention)" in r.stderr, r.stderr.decode()
+            r = run(MODEL, "--draft", d, "--draft-aux-convention", "sideways")
+            assert r.returncode == 1 and b"draft-aux-convention" in r.stderr, r.stderr.decode()
             cfg_path = os.path.join(d, "config.json")
             with open(cfg_path) as f:
                 text = f.read()
