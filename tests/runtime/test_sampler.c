@@ -14,7 +14,8 @@
  * for which the df=3 threshold is conservative. The seeds are fixed, so the test is
  * deterministic; the bound says how unlucky a fixed seed would have to be.
  * Every expected count is >= 5000 (p >= 0.05, N = 100000), so the chi-square
- * approximation holds.
+ * approximation holds. test_accept_rule_exhaustive covers every (p, q) pair of
+ * a 1/4 grid over V = 4, one seed per case, with exact df (its comment).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -27,6 +28,7 @@
 #include <cmocka.h>
 
 #include "engine/runtime/sampler.h"
+#include "stats_chi2.h" /* chi2_sf */
 
 static sampling_params params(void) {
     sampling_params sp;
@@ -324,12 +326,90 @@ static void test_accept_rule_lossless(void **st) {
     sampler_work_destroy(w);
 }
 
+/* Exhaustive over a grid, many seeds: every p and every q over V = 4 whose
+ * probabilities are multiples of 1/4 (the 35 compositions of 4 into 4 parts:
+ * uniform, one-hot, two- and three-point, with zeros anywhere), all 35 x 35
+ * (p, q) pairs with x ~ q, plus every p with a one-hot draft at each of the 4
+ * ids (q = NULL): 1,365 cases, each with its own seed (1000 + case) and
+ * N = 20,000 draft-then-accept draws. Per case:
+ *   - output ~ p: ids with p = 0 must get exactly 0 draws; over the others a
+ *     chi-square test with df = (ids with p > 0) - 1 at alpha = 1e-6 / 2730
+ *     (stats_chi2.h's exact upper tail; every expected count >= 0.25 N = 5000);
+ *     a p with one id must give that id every time;
+ *   - acceptance rate = sum_i min(p_i, q_i) (= p(x) for a one-hot draft at x):
+ *     exact when that is 0 or 1, else within 6.5 binomial sd (two-sided tail
+ *     8e-11 per case under the normal approximation, N a = N (1 - a) >= 5000
+ *     here: a is a multiple of 1/4).
+ * Union bound: a correct rule fails with probability <= 1e-6 for random seeds;
+ * the seeds are fixed, so the run is deterministic. */
+static void test_accept_rule_exhaustive(void **st) {
+    (void)st;
+    float G[35][4];
+    int ng = 0;
+    for (int a = 0; a <= 4; a++)
+        for (int b = 0; a + b <= 4; b++)
+            for (int c = 0; a + b + c <= 4; c++) {
+                G[ng][0] = a / 4.0f, G[ng][1] = b / 4.0f, G[ng][2] = c / 4.0f, G[ng][3] = (4 - a - b - c) / 4.0f;
+                ng++;
+            }
+    assert_int_equal(ng, 35);
+    const int n_cases = 35 * 35 + 35 * 4;
+    const double alpha = 1e-6 / (2.0 * n_cases);
+    const long N = 20000;
+    sampler_work *w = sampler_work_create(4);
+    int cases = 0;
+    double min_pv = 1.0;
+    for (int pi = 0; pi < 35; pi++)
+        for (int qi = 0; qi < 35 + 4; qi++) {
+            const float *p = G[pi], *q = qi < 35 ? G[qi] : NULL;
+            const int32_t onehot = qi - 35; /* draft id when q == NULL */
+            sampler_rng r;
+            sampler_rng_seed(&r, 1000 + (uint64_t)cases);
+            long count[4] = {0}, acc = 0;
+            for (long t = 0; t < N; t++) {
+                int32_t x = q ? sampler_draw(q, 4, sampler_rng_uniform(&r)) : onehot, y = -1;
+                acc += sampler_accept(p, q, 4, x, &r, w, &y);
+                if (y < 0 || y > 3) fail_msg("p%d q%d: output %d out of range", pi, qi, y);
+                count[y]++;
+            }
+            double chi = 0;
+            int support = 0;
+            for (int i = 0; i < 4; i++) {
+                if (p[i] == 0.0f) {
+                    if (count[i]) fail_msg("p%d q%d: id %d has p = 0 but %ld draws", pi, qi, i, count[i]);
+                    continue;
+                }
+                double e = (double)N * p[i];
+                chi += ((double)count[i] - e) * ((double)count[i] - e) / e;
+                support++;
+            }
+            if (support > 1) {
+                double pv = chi2_sf(chi, support - 1);
+                if (pv < min_pv) min_pv = pv;
+                if (pv < alpha) fail_msg("p%d q%d: chi2 %.2f (df %d), p-value %.3g < %.3g", pi, qi, chi, support - 1, pv, alpha);
+            }
+            double a = 0;
+            for (int i = 0; i < 4; i++) a += q ? fmin(p[i], q[i]) : (i == onehot ? p[i] : 0.0);
+            double rate = (double)acc / (double)N;
+            if (a == 0.0 || a == 1.0) {
+                if (rate != a) fail_msg("p%d q%d: acceptance rate %.5f, exactly %.2f expected", pi, qi, rate, a);
+            } else if (fabs(rate - a) > 6.5 * sqrt(a * (1 - a) / (double)N)) {
+                fail_msg("p%d q%d: acceptance rate %.5f vs sum min(p, q) = %.2f", pi, qi, rate, a);
+            }
+            cases++;
+        }
+    assert_int_equal(cases, n_cases);
+    printf("accept rule, exhaustive 1/4 grid: %d cases x %ld draws, smallest chi-square p-value %.3g (alpha %.3g)\n",
+           cases, N, min_pv, alpha);
+    sampler_work_destroy(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rng_reference),   cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_greedy_ties_and_draw), cmocka_unit_test(test_temperature_and_filters),
         cmocka_unit_test(test_logprobs),        cmocka_unit_test(test_sampling_distribution),
-        cmocka_unit_test(test_accept_rule_lossless),
+        cmocka_unit_test(test_accept_rule_lossless), cmocka_unit_test(test_accept_rule_exhaustive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
