@@ -142,7 +142,7 @@ done:
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: specd extract --target MODEL.gguf --data CONVS.jsonl [--data MORE.jsonl ...] --out DUMP_DIR\n"
+            "usage: specd extract --target MODEL.gguf|HF_DIR --data CONVS.jsonl [--data MORE.jsonl ...] --out DUMP_DIR\n"
             "         [--max-seq-len 2048] [--shard-samples 128] [--num-samples N] [--threads N]\n"
             "  One prefill pass per conversation ({\"messages\": [...]} lines, chat template applied);\n"
             "  writes token ids, the assistant loss mask, aux hidden states entering layers\n"

@@ -125,6 +125,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
             goto fail;
         }
         LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
+    } else if (cfg->draft_aux_convention && strcmp(cfg->draft_aux_convention, "auto")) {
+        LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
     }
     engine_config ec = {.max_model_len = b->max_model_len,
                         .max_num_seqs = cfg->max_num_seqs,

@@ -201,11 +201,12 @@ int specd_generate_main(int argc, char **argv) {
             fprintf(stderr, " %.3f", (double)es.spec_accepted_per_pos_total[i] / (double)es.spec_num_drafts_total);
         fputc('\n', stderr);
         if (es.spec_verify_steps_total > 0)
-            fprintf(stderr, "time split: draft %.1f ms/step, verify forward %.1f ms/step (%lld steps), "
-                            "all forward passes %.2f s\n",
-                    1e3 * es.spec_draft_seconds_total / (double)es.spec_verify_steps_total,
+            fprintf(stderr, "time split: draft %.1f ms/step, verify forward %.1f ms/step (%lld steps); draft extend "
+                            "%.2f s, all forward passes %.2f s (prompt included)\n",
+                    1e3 * es.spec_draft_propose_seconds_total / (double)es.spec_verify_steps_total,
                     1e3 * es.spec_verify_forward_seconds_total / (double)es.spec_verify_steps_total,
-                    (long long)es.spec_verify_steps_total, es.forward_seconds_total);
+                    (long long)es.spec_verify_steps_total,
+                    es.spec_draft_seconds_total - es.spec_draft_propose_seconds_total, es.forward_seconds_total);
     }
     rc = fin == FINISH_ERROR ? 1 : 0;
 out:

@@ -194,14 +194,18 @@ char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *le
         for (int i = 0; i < kmax; i++)
             sb_printf(&b, "specd_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %lld\n", i,
                       (long long)es->spec_accepted_per_pos_total[i]);
-        scalar(&b, "model_forward_seconds_total", "counter", "Engine-thread wall time in target forward passes",
+        scalar(&b, "model_forward_seconds_total", "counter",
+               "Engine-thread wall time in target forward passes (prefill included)",
                es->forward_seconds_total);
         scalar(&b, "spec_decode_verify_forward_seconds_total", "counter",
                "Target forward time in steps that verify drafts", es->spec_verify_forward_seconds_total);
         scalar(&b, "spec_decode_verify_steps_total", "counter", "Engine steps that verified drafts",
                (double)es->spec_verify_steps_total);
         scalar(&b, "spec_decode_draft_seconds_total", "counter",
-               "Engine-thread wall time in the draft model (propose and extend)", es->spec_draft_seconds_total);
+               "Engine-thread wall time in the draft model (propose and extend; extend covers prompts too)",
+               es->spec_draft_seconds_total);
+        scalar(&b, "spec_decode_draft_propose_seconds_total", "counter",
+               "Engine-thread wall time proposing drafts (the k draft steps)", es->spec_draft_propose_seconds_total);
         scalar(&b, "draft_kv_blocks_total", "gauge", "Draft KV cache blocks in the pool",
                (double)es->draft_kv_blocks_total);
         scalar(&b, "draft_kv_blocks_free", "gauge", "Draft KV cache blocks free", (double)es->draft_kv_blocks_free);

@@ -1,10 +1,12 @@
 /*
  * stats_chi2.h: chi-square upper-tail probability for the statistical tests
- * (tests/runtime/test_spec.c, tests/spec/test_sampling_e2e.c).
+ * (tests/runtime/test_spec.c, tests/spec/test_sampling_e2e.c,
+ * tests/runtime/test_sampler.c's exhaustive acceptance test).
  * gamma_q(a, x) = Q(a, x), the regularized upper incomplete gamma function:
  * series for P when x < a + 1, Lentz's continued fraction for Q otherwise
  * (Numerical Recipes, section 6.2); chi2_sf(x, df) = Q(df/2, x/2).
- * Both tests check chi2_sf against tabulated quantiles.
+ * test_spec.c and test_sampling_e2e.c check chi2_sf against tabulated
+ * quantiles (scipy.stats.chi2).
  */
 #ifndef SPECD_TESTS_STATS_CHI2_H
 #define SPECD_TESTS_STATS_CHI2_H

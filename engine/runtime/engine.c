@@ -437,6 +437,7 @@ void engine_publish_stats(engine *e) {
     t->spec_verify_forward_seconds_total = e->t_verify_forward_s;
     t->spec_verify_steps_total = e->verify_steps;
     t->spec_draft_seconds_total = e->t_draft_s;
+    t->spec_draft_propose_seconds_total = e->t_propose_s;
     if (e->proposer && e->proposer->ops->kv_usage)
         e->proposer->ops->kv_usage(e->proposer->ctx, &t->draft_kv_blocks_total, &t->draft_kv_blocks_free);
     pthread_mutex_unlock(&e->stats_mu);

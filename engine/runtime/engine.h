@@ -131,13 +131,16 @@ typedef struct engine_stats {
     int64_t spec_num_accepted_tokens_total;
     int64_t spec_accepted_per_pos_total[16];
     int32_t spec_max_k;
-    /* time split (engine-thread wall seconds): every target forward pass;
-     * those of steps with at least one draft to verify (and how many such
-     * steps); every proposer call (draft forward: propose + extend) */
+    /* time split (engine-thread wall seconds): every target forward pass
+     * (runner.forward only, prefill included); those of steps with at least
+     * one draft to verify (and how many such steps); every proposer call
+     * (draft forward: propose + extend, the latter over prompts too), and
+     * the propose calls alone */
     double forward_seconds_total;
     double spec_verify_forward_seconds_total;
     int64_t spec_verify_steps_total;
-    double spec_draft_seconds_total;
+    double spec_draft_seconds_total;          /* propose + extend (extend includes prompts) */
+    double spec_draft_propose_seconds_total;  /* propose only: the k draft steps */
     int64_t draft_kv_blocks_total;  /* gauge */
     int64_t draft_kv_blocks_free;   /* gauge */
 } engine_stats;

@@ -122,7 +122,8 @@ struct engine {
     /* engine-thread wall time (engine_now_s), seconds: target forward passes,
      * the part of them in steps that verify drafts, and proposer calls
      * (propose + extend); engine_stats reports them */
-    double t_forward_s, t_verify_forward_s, t_draft_s;
+    double t_forward_s, t_verify_forward_s, t_draft_s, t_propose_s;
+    double t_last_forward_s; /* run_batch: wall time of its runner.forward call */
     int64_t verify_steps;
     uint64_t seed_state;
 

@@ -226,9 +226,13 @@ static void schedule(engine *e) {
         if (add_sched(e, s, n_new, 0) != 0) break;
         budget -= n_new;
     }
-    double t0 = engine_now_s();
-    spec_propose(e);
-    e->t_draft_s += engine_now_s() - t0;
+    if (e->proposer) {
+        double t0 = engine_now_s();
+        spec_propose(e);
+        double dt = engine_now_s() - t0;
+        e->t_draft_s += dt;
+        e->t_propose_s += dt;
+    }
 }
 
 /* ---------------------------------------------------------------- run */
@@ -311,7 +315,10 @@ static int run_batch(engine *e, specd_err *err) {
         .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
         .aux = e->n_aux > 0 ? e->aux : NULL,
     };
-    return e->runner.forward(e->runner.ctx, &b, err);
+    double t0 = engine_now_s();
+    int rc = e->runner.forward(e->runner.ctx, &b, err);
+    e->t_last_forward_s = engine_now_s() - t0;
+    return rc;
 oom:
     return specd_err_set(err, "engine: out of memory building a batch of %zu tokens", n_tok);
 }
@@ -403,9 +410,9 @@ int sched_step(engine *e, specd_err *err) {
         specd_err local = {0};
         bool verify = false;
         for (size_t i = 0; i < e->n_sched; i++) verify |= e->sched[i]->n_draft > 0;
-        double t0 = engine_now_s();
+        e->t_last_forward_s = 0;
         int frc = run_batch(e, &local);
-        double dt = engine_now_s() - t0;
+        double dt = e->t_last_forward_s;
         e->t_forward_s += dt;
         if (verify) e->t_verify_forward_s += dt, e->verify_steps++;
         if (frc != 0) {

@@ -103,6 +103,11 @@
 #define N_TABLES 12 /* 3 per (mode, set) */
 #define NGREEDY (RUNS / 10) /* greedy requests mixed in as well */
 #define NREQ (NSET * RUNS + NGREEDY)
+/* request_set's 21-cycle gives each set exactly RUNS requests and NGREEDY
+ * greedy ones only if NREQ is a whole number of cycles; run_mode submits
+ * whole batches. */
+_Static_assert(NREQ % 21 == 0 && NGREEDY * 21 == NREQ, "NREQ must be whole 21-request cycles");
+_Static_assert(NREQ % BATCH == 0, "NREQ must be whole batches");
 #define ALPHA (1e-6 / N_TABLES)
 #define MAXC 4096  /* cells per table (top_k 4: at most 256) */
 #define NT 4       /* tokens per request */

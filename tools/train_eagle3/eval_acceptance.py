@@ -6,9 +6,11 @@ sends the first N questions of a prompt set as chat requests (greedy,
 --max-tokens), and reads the spec-decode counters from /metrics:
 acceptance length = 1 + accepted / drafts, per-position acceptance =
 accepted_per_pos[i] / drafts. k = 0 is the plain baseline (output tok/s).
-Time split (server-side, engine thread): target forward ms per engine step;
-with drafts, target forward ms per verify step and draft-model ms (propose +
-extend) per verify step.
+Time split (server-side, engine thread): target forward ms per engine step
+(prefill steps included: amortised); with drafts, target forward ms per
+verify step, draft ms per verify step for proposing the k drafts, and the
+draft model's whole time (propose + extend, prompts included) per verify
+step.
 Stdlib only.
 
 Usage: eval_acceptance.py --head DIR [--model GGUF] [--set gsm8k_test|mt_bench] [--n 200]
@@ -115,7 +117,9 @@ def main():
             r["forward_ms_per_step"] = round(1e3 * fwd / steps, 2)
         if vsteps > 0:
             r["verify_forward_ms_per_step"] = round(1e3 * d("specd_spec_decode_verify_forward_seconds_total") / vsteps, 2)
-            r["draft_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_seconds_total") / vsteps, 2)
+            r["draft_propose_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_propose_seconds_total") / vsteps, 2)
+            # amortised: the draft's extend over prompts and accepted tokens, per verify step
+            r["draft_all_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_seconds_total") / vsteps, 2)
         if k > 0 and drafts > 0:
             r.update({"drafts": drafts, "draft_tokens": dtoks, "accepted": acc,
                       "acceptance_length": round(1 + acc / drafts, 3), "acceptance_rate": round(acc / dtoks, 3),
