@@ -162,7 +162,9 @@ finish_reason post_token(post_state *s, const post_params *p, const engine_detok
     /* token stops: the token is counted, its text is not emitted */
     bool eos = !p->ignore_eos && dk && id_in(token, dk->eos_ids, dk->n_eos);
     if (eos || id_in(token, p->stop_ids, p->n_stop_ids)) {
-        d->stop_token_id = token;
+        /* vLLM's StopChecker: the model's EOS finishes with stop_reason None; a
+         * request's stop_token_ids entry (checked after EOS) reports its id */
+        d->stop_token_id = eos ? -1 : token;
         if (flush_all(s, d) != 0) return finish(s, d, FINISH_ERROR);
         return finish(s, d, FINISH_STOP);
     }

@@ -61,7 +61,7 @@ typedef struct post_delta {
     char *text; size_t text_len, text_cap;
     finish_reason finish;
     char stop_reason[64];
-    int32_t stop_token_id;        /* -1 unless a token stopped it */
+    int32_t stop_token_id;        /* the stop_token_ids entry that stopped it; -1 otherwise (EOS included, as vLLM) */
 } post_delta;
 
 /* Copies SP's stop settings into P (owned). Returns 0 or -1 (out of memory). */
