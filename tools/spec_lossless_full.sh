@@ -17,7 +17,8 @@
 # Env:   SHARDS (default nproc), SPECD_PROMPTS_DIR, SPECD_SPEC_TRAINED_HEAD,
 #        SPECD_SPEC_RANDOM=0 (trained head only; the random head at 80 x 256 is hours of CPU),
 #        SPECD_SPEC_MIN_TAU (trained-head floor at k = 3; default the test's own),
-#        SPECD_SPEC_PROMPTS / SPECD_SPEC_NEW (smaller runs), LOG_DIR (default BUILD/spec-full).
+#        SPECD_SPEC_PROMPTS / SPECD_SPEC_NEW (smaller runs), LOG_DIR (default BUILD/spec-full),
+#        AGGREGATE_ONLY=1 (run nothing: re-check and sum the shard logs already in LOG_DIR).
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="$(cd "${1:-$src/build}" && pwd)"
@@ -31,20 +32,29 @@ shards="${SHARDS:-$(nproc)}"
 logs="${LOG_DIR:-$build/spec-full}"
 mkdir -p "$logs"
 floor="${SPECD_SPEC_MIN_TAU:-$(sed -n 's/^#define TRAINED_HEAD_MIN_TAU_K3 //p' "$src/tests/spec/test_lossless_mtbench.c")}"
-echo "spec_lossless_full: $shards shards, logs in $logs, started $(date -u +%FT%TZ)"
-pids=()
-for ((i = 0; i < shards; i++)); do
-  (cd "$build/tests/spec" && SPECD_SPEC_SHARD="$i/$shards" SPECD_SPEC_MIN_TAU=0 exec "$bin") >"$logs/shard$i.log" 2>&1 &
-  pids+=($!)
-done
+[[ "$floor" =~ ^[0-9.]+$ ]] || { echo "spec_lossless_full: cannot read the floor (TRAINED_HEAD_MIN_TAU_K3): '$floor'" >&2; exit 2; }
 rc=0
-for i in "${!pids[@]}"; do
-  if wait "${pids[$i]}"; then echo "shard $i/$shards: passed"; else rc=1; echo "shard $i/$shards: FAILED, see $logs/shard$i.log"; fi
-done
+if [ "${AGGREGATE_ONLY:-0}" = 1 ]; then  # re-read the logs of an earlier run in LOG_DIR
+  echo "spec_lossless_full: summing the $shards shard logs in $logs"
+  for ((i = 0; i < shards; i++)); do
+    if grep -q '^\[  PASSED  \]' "$logs/shard$i.log"; then echo "shard $i/$shards: passed"
+    else rc=1; echo "shard $i/$shards: FAILED or unfinished, see $logs/shard$i.log"; fi
+  done
+else
+  echo "spec_lossless_full: $shards shards, logs in $logs, started $(date -u +%FT%TZ)"
+  pids=()
+  for ((i = 0; i < shards; i++)); do
+    (cd "$build/tests/spec" && SPECD_SPEC_SHARD="$i/$shards" SPECD_SPEC_MIN_TAU=0 exec "$bin") >"$logs/shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    if wait "${pids[$i]}"; then echo "shard $i/$shards: passed"; else rc=1; echo "shard $i/$shards: FAILED, see $logs/shard$i.log"; fi
+  done
+fi
 grep -h '^reference:' "$logs"/shard*.log || true
-python3 - "$floor" "$logs"/shard*.log <<'PY' || rc=1
+python3 - "$floor" "$shards" "$logs"/shard*.log <<'PY' || rc=1
 import re, sys
-floor, logs = float(sys.argv[1]), sys.argv[2:]
+floor, shards, logs = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 pat = re.compile(r"^(\S+)\s+k=(\d+) (\S+)\s*: (\d+) tokens, .*?([\d.]+) s CPU; counts: drafts (\d+) draft_tokens (\d+) "
                  r"accepted (\d+) per_pos((?: \d+)*)$")
 agg = {}
@@ -66,6 +76,9 @@ for (head, k, mode), a in sorted(agg.items()):
     pp = " ".join("%.3f" % (c / a["drafts"]) for c in a["pp"])
     print("%-8s %d  %-10s  %6d  %6d  %6d  %17.3f  %.3f   %-22s  %.0f" % (head, k, mode, a["n"], a["tokens"], a["drafts"],
           tau, a["acc"] / a["dt"] if a["dt"] else 0, pp, a["cpu"]))
+    if a["n"] != shards:
+        print("%s k=%d %s: only %d of %d shards reported; the sums above are partial" % (head, k, mode, a["n"], shards))
+        ok = False
     if head == "trained" and k == 3 and mode == "concurrent" and floor > 0 and tau < floor:
         print("trained head: acceptance length %.3f at k=3 is below the floor %.3f" % (tau, floor)); ok = False
 if not agg:
