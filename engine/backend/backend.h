@@ -112,9 +112,11 @@ typedef struct backend {
 } backend;
 
 /* CPU backend. n_threads <= 0: OMP_NUM_THREADS if set, else one per online
- * core. AVX2/FMA/F16C paths are chosen at run time when the CPU has them
- * (SPECD_CPU_PORTABLE=1 forces the portable path); results are batch-invariant
- * on one machine, not bit-identical across paths.
+ * core. The kernel level is chosen at run time from CPUID/XGETBV: AVX-512
+ * (F/BW/VL/DQ), else AVX2/FMA/F16C, else portable C; SPECD_CPU_ISA=
+ * portable|avx2|avx512 caps it (SPECD_CPU_PORTABLE=1 = portable). Results are
+ * batch-invariant on one machine; AVX-512 and AVX2 give bit-identical
+ * results, the portable path does not (f32 instead of int16 activations).
  * Returns NULL on allocation failure. */
 backend *bk_cpu_create(int n_threads);
 void bk_cpu_destroy(backend *b);

@@ -10,6 +10,7 @@
  */
 #include <cpuid.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,7 +223,15 @@ static const bk_ops CPU_OPS = {
     .embed = cpu_embed,
 };
 
+float cpu_fp16_f32[65536];
+static pthread_once_t fp16_once = PTHREAD_ONCE_INIT;
+static void fp16_fill(void) {
+    for (uint32_t h = 0; h < 65536; h++) cpu_fp16_f32[h] = cpu_fp16_to_f32((uint16_t)h);
+}
+void cpu_fp16_table_init(void) { pthread_once(&fp16_once, fp16_fill); }
+
 backend *bk_cpu_create(int n_threads) {
+    cpu_fp16_table_init();
     backend *b = calloc(1, sizeof *b);
     cpu_ctx *ctx = calloc(1, sizeof *ctx);
     if (!b || !ctx) {
@@ -230,23 +239,30 @@ backend *bk_cpu_create(int n_threads) {
         free(ctx);
         return NULL;
     }
-    /* CPUID: leaf 1 ECX bit 12 FMA, bit 29 F16C, bit 27 OSXSAVE; leaf 7 EBX bit 5 AVX2; and
-     * XGETBV must show the OS saves YMM state (bits 1-2). Portable across gcc and clang. */
-    unsigned a, bx, c, d;
-    int fma = 0, f16c = 0, avx2 = 0, ymm = 0;
+    /* CPUID: leaf 1 ECX bit 12 FMA, bit 29 F16C, bit 27 OSXSAVE; leaf 7 EBX bit 5 AVX2, bits 16 / 17
+     * / 30 / 31 AVX-512 F / DQ / BW / VL; XGETBV(0) must show the OS saves YMM state (bits 1-2) and,
+     * for AVX-512, the opmask and ZMM state too (bits 5-7) (Intel SDM vol. 1, 13.3 and 15.2).
+     * Portable across gcc and clang. */
+    unsigned a, bx, c, d, xcr0 = 0;
+    int fma = 0, f16c = 0, avx2 = 0, avx512 = 0;
     if (__get_cpuid(1, &a, &bx, &c, &d)) {
         fma = (c >> 12) & 1;
         f16c = (c >> 29) & 1;
         if ((c >> 27) & 1) {
-            unsigned lo, hi;
-            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-            ymm = (lo & 6) == 6;
+            unsigned hi;
+            __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(hi) : "c"(0));
         }
     }
-    if (__get_cpuid_count(7, 0, &a, &bx, &c, &d)) avx2 = (bx >> 5) & 1;
-    ctx->avx2 = fma && f16c && avx2 && ymm;
-    const char *force = getenv("SPECD_CPU_PORTABLE");
-    if (force && *force == '1') ctx->avx2 = 0;
+    if (__get_cpuid_count(7, 0, &a, &bx, &c, &d)) {
+        avx2 = (bx >> 5) & 1;
+        avx512 = ((bx >> 16) & 1) && ((bx >> 17) & 1) && ((bx >> 30) & 1) && ((bx >> 31) & 1);
+    }
+    ctx->avx2 = fma && f16c && avx2 && (xcr0 & 6) == 6;
+    ctx->avx512 = ctx->avx2 && avx512 && (xcr0 & 0xe6) == 0xe6;
+    /* SPECD_CPU_ISA caps the level (it never raises it above what the CPU has) */
+    const char *isa = getenv("SPECD_CPU_ISA"), *force = getenv("SPECD_CPU_PORTABLE");
+    if ((force && *force == '1') || (isa && !strcmp(isa, "portable"))) ctx->avx2 = ctx->avx512 = 0;
+    else if (isa && !strcmp(isa, "avx2")) ctx->avx512 = 0;
     if (n_threads <= 0) {
         const char *e = getenv("OMP_NUM_THREADS");
         n_threads = e && atoi(e) > 0 ? atoi(e) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -261,7 +277,8 @@ backend *bk_cpu_create(int n_threads) {
         return NULL;
     }
     ctx->n_threads = tpool_size(ctx->pool);
-    snprintf(ctx->desc, sizeof ctx->desc, "cpu (%s kernels, %d threads)", ctx->avx2 ? "avx2+fma" : "portable",
+    snprintf(ctx->desc, sizeof ctx->desc, "cpu (%s kernels, %d threads)",
+             ctx->avx512 ? "avx512+avx2+fma" : ctx->avx2 ? "avx2+fma" : "portable",
              ctx->n_threads);
     b->name = "cpu";
     b->ops = &CPU_OPS;

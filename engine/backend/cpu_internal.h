@@ -1,6 +1,22 @@
-/* cpu_internal.h: private state of the CPU backend shared by its files. */
+/*
+ * cpu_internal.h: private state of the CPU backend shared by its files, and
+ * the pieces the AVX2 (cpu_matmul.c) and AVX-512 (cpu_matmul_avx512.c)
+ * matmul kernels share: the activation-quantization layout, the block-format
+ * kinds and the scalar conversions used by both for row tails.
+ *
+ * ISA levels: the backend picks the highest level the CPU and OS support at
+ * bk_cpu_create, capped by SPECD_CPU_ISA=portable|avx2|avx512 (and the older
+ * SPECD_CPU_PORTABLE=1). The AVX-512 kernels compute exactly the AVX2
+ * kernels' f32 operations in the same order per output (their accumulators
+ * are the two AVX2 accumulators side by side in one zmm), so the two paths
+ * give bit-identical results; the portable path differs (f32 activations).
+ */
 #ifndef SPECD_BACKEND_CPU_INTERNAL_H
 #define SPECD_BACKEND_CPU_INTERNAL_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "engine/backend/backend.h"
 
@@ -18,7 +34,8 @@ typedef struct cpu_ctx {
     int n_threads; /* pool threads per op, caller included */
     tpool *pool;
     cpu_scratch scratch[CPU_MAX_THREADS];
-    int avx2;      /* AVX2 + FMA + F16C available */
+    int avx2;      /* AVX2 + FMA + F16C kernels in use */
+    int avx512;    /* AVX-512 F/BW/VL/DQ kernels in use (implies avx2) */
     char desc[96];
 } cpu_ctx;
 
@@ -26,5 +43,98 @@ typedef struct cpu_ctx {
 float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n);
 
 int cpu_matmul(void *ctx, const bk_weight *w, const float *x, int32_t T, float *y);
+
+/* ------------------------------------------------ shared by the kernels */
+
+static inline float cpu_fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline float cpu_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* f32 value of every fp16 bit pattern (exact: fp16 -> f32 is exact), for
+ * the block scales of Q8_0 / Q4_x. Filled once by cpu_fp16_table_init
+ * (bk_cpu_create calls it; thread-safe) before any matmul reads it. */
+extern float cpu_fp16_f32[65536];
+void cpu_fp16_table_init(void);
+
+/* Block formats (integer-activation dots) and plain formats (f32 dots). */
+typedef enum { FK_Q8_0, FK_Q4_0, FK_Q4_1, FK_F32, FK_BF16, FK_F16 } fused_kind;
+
+/* Element i of a plain row (the scalar tail of rows whose length is not a
+ * multiple of 32). */
+static inline float cpu_plain_at(fused_kind k, const uint8_t *w, int64_t i) {
+    uint16_t h;
+    switch (k) {
+    case FK_F32: { float f; memcpy(&f, w + 4 * i, 4); return f; }
+    case FK_BF16: memcpy(&h, w + 2 * i, 2); return cpu_bf16_to_f32(h);
+    default: memcpy(&h, w + 2 * i, 2); return cpu_fp16_to_f32(h);
+    }
+}
+
+/* Horizontal sum of 8 lanes in a fixed order. */
+__attribute__((target("avx2,fma"))) static inline float cpu_hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    __m128 sh = _mm_movehdup_ps(lo);
+    lo = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, lo);
+    lo = _mm_add_ss(lo, sh);
+    return _mm_cvtss_f32(lo);
+}
+
+/* Int16-quantized activations of T tokens for the integer-activation dots
+ * (cpu_matmul.c: quant_row_i16 states the quantization). */
+typedef struct xq_rows {
+    const int16_t *X; /* [T][cols]; AVX-512 path: pair layout, see cpu512_pair_layout */
+    const float *s;   /* [T][nb][8] lane-group scales (0 for all-zero columns, NaN if one is not finite) */
+    const float *sum; /* [T][nb] f32 block sums of x */
+} xq_rows;
+
+/* Blocks per m-term chunk of the integer dots (even: block parity, hence the
+ * even/odd accumulator of a block, does not depend on the chunking). */
+#define IDOT_CHUNK 64
+
+/* ------------------------------------------- AVX-512 (cpu_matmul_avx512.c)
+ * Each computes out[u], u < nt (1..CPU512_MAX_NT), bit-identical to the AVX2
+ * kernel of the same format for the same token. Call only when ctx->avx512. */
+#define CPU512_MAX_NT 8
+
+/* Rearranges one token's int16 activations X[cols] (cols % 32 == 0, the
+ * layout quant_row_i16 writes) in place into the AVX-512 pair layout: for
+ * every block pair (2i, 2i+1) the 64 values become [lo(2i) | lo(2i+1) |
+ * hi(2i) | hi(2i+1)], lo/hi = columns 0..15 / 16..31 of a block; an odd last
+ * block stays as it is. */
+void cpu512_pair_layout(int16_t *X, int64_t cols);
+
+/* Integer-activation dot of one Q8_0 / Q4_0 / Q4_1 row (kind FK_Q8_0..FK_Q4_1)
+ * with tokens t0..t0+nt-1 of xq (pair layout). */
+void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+                 float *out);
+
+/* f32 dot of one plain row (FK_F32 / FK_BF16 / FK_F16) of n values with nt
+ * activation rows x + u * ldx. */
+void cpu512_fdot(fused_kind kind, int nt, const uint8_t *w, int64_t n, const float *x, size_t ldx, float *out);
+
+/* f32 dot of one I4G32 row (n % 32 == 0; sc: its n/32 bf16 scales) with nt
+ * activation rows. */
+void cpu512_i4dot(int nt, const uint8_t *w, const uint8_t *sc, int64_t n, const float *x, size_t ldx, float *out);
 
 #endif

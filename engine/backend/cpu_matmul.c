@@ -37,28 +37,6 @@
 
 /* ---------------------------------------------------------------- scalar */
 
-static inline float fp16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) bits = sign;
-        else { /* subnormal */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            man &= 0x3ff;
-            bits = sign | (exp << 23) | (man << 13);
-        }
-    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* f32 -> nearest bf16 (ties to even), returned as f32. |q * scale| with q in
  * [-8, 7] and a bf16 scale is exact in f32, so this is the one rounding. */
@@ -76,19 +54,19 @@ void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
     int64_t n = w->cols;
     switch (w->type) {
     case BK_W_F32: memcpy(out, p, (size_t)n * 4); break;
-    case BK_W_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = bf16_to_f32(h); } break;
-    case BK_W_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = fp16_to_f32(h); } break;
+    case BK_W_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = cpu_bf16_to_f32(h); } break;
+    case BK_W_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = cpu_fp16_to_f32(h); } break;
     case BK_W_Q8_0:
         for (int64_t b = 0; b < n / 32; b++, p += 34) {
             uint16_t d16; memcpy(&d16, p, 2);
-            float d = fp16_to_f32(d16);
+            float d = cpu_fp16_to_f32(d16);
             for (int i = 0; i < 32; i++) out[b * 32 + i] = d * (float)(int8_t)p[2 + i];
         }
         break;
     case BK_W_Q4_0:
         for (int64_t b = 0; b < n / 32; b++, p += 18) {
             uint16_t d16; memcpy(&d16, p, 2);
-            float d = fp16_to_f32(d16);
+            float d = cpu_fp16_to_f32(d16);
             for (int i = 0; i < 16; i++) {
                 out[b * 32 + i] = d * (float)((p[2 + i] & 0xf) - 8);
                 out[b * 32 + i + 16] = d * (float)((p[2 + i] >> 4) - 8);
@@ -98,7 +76,7 @@ void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
     case BK_W_Q4_1:
         for (int64_t b = 0; b < n / 32; b++, p += 20) {
             uint16_t d16, m16; memcpy(&d16, p, 2); memcpy(&m16, p + 2, 2);
-            float d = fp16_to_f32(d16), m = fp16_to_f32(m16);
+            float d = cpu_fp16_to_f32(d16), m = cpu_fp16_to_f32(m16);
             for (int i = 0; i < 16; i++) {
                 out[b * 32 + i] = d * (float)(p[4 + i] & 0xf) + m;
                 out[b * 32 + i + 16] = d * (float)(p[4 + i] >> 4) + m;
@@ -114,7 +92,7 @@ void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
         for (int64_t j = 0; j < n / 8; j++) {
             uint32_t word; memcpy(&word, p + 4 * j, 4);
             uint16_t s16; memcpy(&s16, sc + 2 * ((8 * j) / 32), 2);
-            float s = bf16_to_f32(s16);
+            float s = cpu_bf16_to_f32(s16);
             for (int i = 0; i < 8; i++) out[8 * j + i] = f32_round_bf16(s * (float)((int)((word >> (4 * i)) & 0xf) - 8));
         }
         break;
@@ -122,16 +100,6 @@ void bk_weight_row_f32(const bk_weight *w, int64_t row, float *out) {
     }
 }
 
-/* Horizontal sum in a fixed order. */
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    __m128 sh = _mm_movehdup_ps(lo);
-    lo = _mm_add_ps(lo, sh);
-    sh = _mm_movehl_ps(sh, lo);
-    lo = _mm_add_ss(lo, sh);
-    return _mm_cvtss_f32(lo);
-}
 
 /* ------------------------------------------------ portable row dots
  * The path without AVX2 (or with SPECD_CPU_PORTABLE=1). A weight row is first
@@ -164,8 +132,8 @@ static void unpack_row_scalar(const bk_weight *w, int64_t r, row_buf *rb) {
         const size_t bs = q41 ? 20 : 18, qo = q41 ? 4 : 2;
         for (int64_t b = 0; b < nb; b++, p += bs) {
             uint16_t d16; memcpy(&d16, p, 2);
-            rb->d[b] = fp16_to_f32(d16);
-            if (q41) { uint16_t m16; memcpy(&m16, p + 2, 2); rb->m[b] = fp16_to_f32(m16); }
+            rb->d[b] = cpu_fp16_to_f32(d16);
+            if (q41) { uint16_t m16; memcpy(&m16, p + 2, 2); rb->m[b] = cpu_fp16_to_f32(m16); }
             else rb->m[b] = -8.0f * rb->d[b];
             for (int i = 0; i < 16; i++) {
                 rb->qf[b * 32 + i] = (float)(p[qo + i] & 0xf);
@@ -177,7 +145,7 @@ static void unpack_row_scalar(const bk_weight *w, int64_t r, row_buf *rb) {
     case BK_W_Q8_0:
         for (int64_t b = 0; b < nb; b++, p += 34) {
             uint16_t d16; memcpy(&d16, p, 2);
-            rb->d[b] = fp16_to_f32(d16);
+            rb->d[b] = cpu_fp16_to_f32(d16);
             for (int i = 0; i < 32; i++) rb->qf[b * 32 + i] = (float)(int8_t)p[2 + i];
         }
         return;
@@ -229,8 +197,6 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void fma_block3
     *b = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), *b);
 }
 
-/* Block formats (integer-activation dots below) and plain formats (f32 dots). */
-typedef enum { FK_Q8_0, FK_Q4_0, FK_Q4_1, FK_F32, FK_BF16, FK_F16 } fused_kind;
 
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void fused_load(fused_kind k, const uint8_t *w, int64_t b,
                                                                         __m256 *v) {
@@ -253,14 +219,6 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void fused
     }
 }
 
-static inline float plain_at(fused_kind k, const uint8_t *w, int64_t i) {
-    uint16_t h;
-    switch (k) {
-    case FK_F32: { float f; memcpy(&f, w + 4 * i, 4); return f; }
-    case FK_BF16: memcpy(&h, w + 2 * i, 2); return bf16_to_f32(h);
-    default: memcpy(&h, w + 2 * i, 2); return fp16_to_f32(h);
-    }
-}
 
 /* One function per (format, token count): the format is a compile-time
  * constant so fused_load's switch folds away. */
@@ -279,8 +237,8 @@ static inline float plain_at(fused_kind k, const uint8_t *w, int64_t i) {
             }                                                                                                      \
         }                                                                                                          \
         for (int u = 0; u < NT; u++) {                                                                             \
-            float s = hsum8(_mm256_add_ps(a[u], bb[u]));                                                           \
-            for (int64_t i = nb * 32; i < n; i++) s += plain_at(K, w, i) * x[(size_t)u * ldx + i];                 \
+            float s = cpu_hsum8(_mm256_add_ps(a[u], bb[u]));                                                           \
+            for (int64_t i = nb * 32; i < n; i++) s += cpu_plain_at(K, w, i) * x[(size_t)u * ldx + i];                 \
             out[u] = s;                                                                                            \
         }                                                                                                          \
     }
@@ -330,7 +288,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 i4_word8
         for (int64_t g = 0; g < n / 32; g++) {                                                                     \
             uint16_t s16;                                                                                          \
             memcpy(&s16, sc + 2 * g, 2);                                                                           \
-            const __m256 s = _mm256_set1_ps(bf16_to_f32(s16));                                                     \
+            const __m256 s = _mm256_set1_ps(cpu_bf16_to_f32(s16));                                                     \
             const __m256 lneg = bf16_round8(_mm256_mul_ps(qneg, s)), lpos = bf16_round8(_mm256_mul_ps(qpos, s));  \
             __m256 v[4];                                                                                           \
             for (int i = 0; i < 4; i++) {                                                                          \
@@ -343,7 +301,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline __m256 i4_word8
                 fma_block32(v, xb, &a[u], &bb[u]);                                                                 \
             }                                                                                                      \
         }                                                                                                          \
-        for (int u = 0; u < NT; u++) out[u] = hsum8(_mm256_add_ps(a[u], bb[u]));                                   \
+        for (int u = 0; u < NT; u++) out[u] = cpu_hsum8(_mm256_add_ps(a[u], bb[u]));                                   \
     }
 DEF_DOT_I4(1)
 DEF_DOT_I4(2)
@@ -369,11 +327,6 @@ static const i4dot_fn I4DOT[4] = {i4dot1, i4dot2, i4dot3, i4dot4};
  * + (hsum(accm) + the scalar m-terms of chunk tails). The 1..4-token variants
  * execute exactly this per token (batch invariance). */
 
-typedef struct xq_rows {
-    const int16_t *X; /* [T][cols] */
-    const float *s;   /* [T][nb][8] lane-group scales (0 for all-zero columns, NaN if one is not finite) */
-    const float *sum; /* [T][nb] f32 block sums of x */
-} xq_rows;
 
 /* Quantizes one activation row x[cols] (cols % 32 == 0) to X[cols], the
  * lane-group scales s[nb * 8] and the block sums sum[nb]. A group holding
@@ -408,14 +361,18 @@ static void quant_row_i16(const float *x, int64_t cols, int16_t *X, float *s, fl
     }
 }
 
+/* Block b's int16 weights; *d points at its f32 scale in cpu_fp16_f32 (a
+ * table load instead of a scalar F16C conversion, which competes with the
+ * vector shuffles for one port), *m is its min term (Q4_0: -8 d). */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_load(fused_kind k, const uint8_t *w,
                                                                                   int64_t b, __m256i *w0,
-                                                                                  __m256i *w1, float *d, float *m) {
+                                                                                  __m256i *w1, const float **d,
+                                                                                  float *m) {
     uint16_t d16, m16;
     if (k == FK_Q8_0) {
         const uint8_t *blk = w + (size_t)b * 34;
         memcpy(&d16, blk, 2);
-        *d = _cvtsh_ss(d16);
+        *d = &cpu_fp16_f32[d16];
         *m = 0.0f;
         *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
         *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
@@ -424,9 +381,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_lo
     const int q41 = k == FK_Q4_1;
     const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
     memcpy(&d16, blk, 2);
-    *d = _cvtsh_ss(d16);
-    if (q41) { memcpy(&m16, blk + 2, 2); *m = _cvtsh_ss(m16); }
-    else *m = -8.0f * *d;
+    *d = &cpu_fp16_f32[d16];
+    if (q41) { memcpy(&m16, blk + 2, 2); *m = cpu_fp16_f32[m16]; }
+    else *m = -8.0f * **d;
     const __m128i lomask = _mm_set1_epi8(0x0f);
     const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
     *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lomask));
@@ -436,9 +393,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_lo
 #define IDOT_BLOCK(K, NT, b, acc)                                                                                  \
     do {                                                                                                           \
         __m256i w0, w1;                                                                                            \
-        float d;                                                                                                   \
+        const float *d;                                                                                            \
         iq_load(K, w, b, &w0, &w1, &d, &mb[(b) - c0]);                                                            \
-        const __m256 dv = _mm256_set1_ps(d);                                                                       \
+        const __m256 dv = _mm256_broadcast_ss(d);                                                                  \
         for (int u = 0; u < NT; u++) {                                                                             \
             const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + (b) * 32;                               \
             const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)(b);                                        \
@@ -450,12 +407,6 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_lo
         }                                                                                                          \
     } while (0)
 
-/* Blocks are taken in chunks of IDOT_CHUNK (even, so block parity and thus the
- * acc0/acc1 assignment do not depend on chunking); the chunk's mins m_b are
- * kept and dotted with each token's block sums after the chunk, 8 at a time
- * into accm (+ a scalar tail), which takes the scalar m-term off the per-block
- * path. */
-#define IDOT_CHUNK 64
 #define DEF_DOT_INT(NT, K)                                                                                         \
     __attribute__((target("avx2,fma,f16c"))) static void idot##NT##_##K(const uint8_t *w, int64_t cols,          \
                                                                      const xq_rows *xq, int32_t t0, float *out) { \
@@ -484,7 +435,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_lo
             }                                                                                                      \
         }                                                                                                          \
         for (int u = 0; u < NT; u++)                                                                               \
-            out[u] = hsum8(_mm256_add_ps(a0[u], a1[u])) + (hsum8(am[u]) + mt[u]);                                  \
+            out[u] = cpu_hsum8(_mm256_add_ps(a0[u], a1[u])) + (cpu_hsum8(am[u]) + mt[u]);                                  \
     }
 #define DEF_DOT_INT_KIND(K) DEF_DOT_INT(1, K) DEF_DOT_INT(2, K) DEF_DOT_INT(3, K) DEF_DOT_INT(4, K)
 DEF_DOT_INT_KIND(FK_Q8_0)
@@ -502,7 +453,7 @@ typedef struct mm_job {
     cpu_ctx *ctx;
     const bk_weight *w;
     const float *x, *xs;
-    const xq_rows *xq; /* non-NULL: integer-activation path (Q8_0 / Q4_0 / Q4_1 with AVX2) */
+    const xq_rows *xq; /* non-NULL: integer-activation path (Q8_0 / Q4_0 / Q4_1 with AVX2 or AVX-512) */
     float *y;
     int32_t T;
     int fail;
@@ -524,6 +475,24 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
                      : w->type == BK_W_BF16 ? FK_BF16
                      : w->type == BK_W_F16  ? FK_F16
                                             : -1;
+    if (j->ctx->avx512 && (j->xq || w->type == BK_W_I4G32 || kind >= FK_F32)) {
+        /* AVX-512: up to 8 tokens per pass over a row; same values as AVX2 */
+        const size_t sc_row = (size_t)nb * 2;
+        float o8[CPU512_MAX_NT];
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {
+                const int32_t n = j->T - t < CPU512_MAX_NT ? j->T - t : CPU512_MAX_NT;
+                if (j->xq) cpu512_idot((fused_kind)kind, n, wr, cols, j->xq, t, o8);
+                else if (w->type == BK_W_I4G32)
+                    cpu512_i4dot(n, wr, (const uint8_t *)w->scales + (size_t)r * sc_row, cols, x + (size_t)t * cols,
+                                 (size_t)cols, o8);
+                else cpu512_fdot((fused_kind)kind, n, wr, cols, x + (size_t)t * cols, (size_t)cols, o8);
+                for (int32_t u = 0; u < n; u++) y[(size_t)(t + u) * rows + r] = o8[u];
+            }
+        }
+        return;
+    }
     if (j->xq) { /* kind is FK_Q8_0, FK_Q4_0 or FK_Q4_1 */
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
@@ -602,9 +571,11 @@ int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float 
         X = malloc(sizeof(int16_t) * (size_t)T * (size_t)cols);
         xsc = malloc(sizeof(float) * 9 * (size_t)T * (size_t)(nb ? nb : 1));
         if (!X || !xsc) { free(X); free(xsc); free(xs); return -1; }
-        for (int32_t t = 0; t < T; t++)
+        for (int32_t t = 0; t < T; t++) {
             quant_row_i16(x + (size_t)t * cols, cols, X + (size_t)t * cols, xsc + (size_t)t * nb * 8,
                           xsc + (size_t)T * nb * 8 + (size_t)t * nb);
+            if (ctx->avx512) cpu512_pair_layout(X + (size_t)t * cols, cols);
+        }
         xq = (xq_rows){X, xsc, xsc + (size_t)T * nb * 8};
     }
     mm_job j = {ctx, w, x, xs, integer ? &xq : NULL, y, T, 0};

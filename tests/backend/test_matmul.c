@@ -13,8 +13,10 @@
  *     error <= max|x| of the 32-block / 65534 per element) plus f32
  *     accumulation, |y - ref| <= sum_i |w_i| * bmax(i) / 65534 + 1e-5 * sum|w x|.
  * A wrong nibble order, scale or offset misses these by orders of magnitude.
- * Batch invariance: y of a token is bit-identical alone, inside a batch of 7
- * at any index, and with 1 or 3 threads. Non-finite activations give
+ * Batch invariance: y of a token is bit-identical alone, inside a batch of 11
+ * at any index, and with 1 or 3 threads. On a CPU with AVX-512 the AVX-512
+ * kernels' outputs equal the AVX2 kernels' bit for bit (elsewhere those
+ * cases are skipped, saying so). Non-finite activations give
  * non-finite outputs, zero activations exact zeros.
  */
 #include <math.h>
@@ -168,28 +170,55 @@ static void check_close(const wmat *m, const float *x, int32_t T, const float *y
     }
 }
 
-static void run_format(bk_wtype type, int portable) {
-    if (portable) setenv("SPECD_CPU_PORTABLE", "1", 1);
-    else unsetenv("SPECD_CPU_PORTABLE");
-    backend *b1 = bk_cpu_create(1), *b3 = bk_cpu_create(3);
-    assert_non_null(b1);
-    assert_non_null(b3);
-    const int avx2 = strstr(bk_cpu_describe(b1), "avx2") != NULL;
-    if (!portable && !avx2) { print_message("no AVX2 here: the AVX2 path is not tested\n"); }
-    /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd) */
-    const int64_t rows = 37, ncols[3] = {320, 352, 2272};
-    for (int pass = 0; pass < 3; pass++) {
+typedef enum { ISA_PORTABLE, ISA_AVX2, ISA_AVX512 } isa_level;
+static const char *const ISA_NAME[] = {"portable", "avx2", "avx512"};
+
+static backend *create_isa(isa_level isa, int threads) {
+    setenv("SPECD_CPU_ISA", ISA_NAME[isa], 1);
+    backend *b = bk_cpu_create(threads);
+    unsetenv("SPECD_CPU_ISA");
+    assert_non_null(b);
+    return b;
+}
+
+static void run_format(bk_wtype type, isa_level isa) {
+    backend *b1 = create_isa(isa, 1), *b3 = create_isa(isa, 3);
+    const char *desc = bk_cpu_describe(b1);
+    const int avx2 = strstr(desc, "avx2") != NULL, avx512 = strstr(desc, "avx512") != NULL;
+    if ((isa == ISA_AVX2 && !avx2) || (isa == ISA_AVX512 && !avx512)) {
+        print_message("this CPU has no %s (backend: %s): the %s kernels are not tested here\n", ISA_NAME[isa], desc,
+                      ISA_NAME[isa]);
+        bk_cpu_destroy(b1);
+        bk_cpu_destroy(b3);
+        skip();
+    }
+    if (isa != ISA_AVX512) assert_null(strstr(desc, "avx512")); /* the cap holds */
+    if (isa == ISA_PORTABLE) assert_null(strstr(desc, "avx2"));
+    /* the AVX2 backend the AVX-512 results must equal bit for bit */
+    backend *ref2 = isa == ISA_AVX512 ? create_isa(ISA_AVX2, 1) : NULL;
+    /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd), and for
+     * plain rows 100 columns (a 4-column scalar tail) */
+    const int64_t rows = 37, ncols[4] = {320, 352, 2272, 100};
+    const int npass = (type == BK_W_F32 || type == BK_W_BF16 || type == BK_W_F16) ? 4 : 3;
+    for (int pass = 0; pass < npass; pass++) {
         const int64_t C = ncols[pass];
         wmat m;
         make_weight(&m, type, rows, C);
-        enum { T = 7 };
+        enum { T = 11 }; /* > 8: a full 8-token AVX-512 group plus a partial one */
         float *x = malloc(sizeof(float) * T * (size_t)C), *y = malloc(sizeof(float) * T * (size_t)rows),
               *y1 = malloc(sizeof(float) * (size_t)rows), *y3 = malloc(sizeof(float) * T * (size_t)rows);
         for (int64_t i = 0; i < T * C; i++) x[i] = frand();
         for (int64_t i = 0; i < C; i += 32) x[2 * C + i + 5] = 300.0f; /* token 2: an outlier per block */
         for (int64_t i = 0; i < C; i++) x[4 * C + i] *= 1e-6f;           /* token 4: tiny activations */
         assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x, T, y), 0);
-        check_close(&m, x, T, y, is_block(type) && avx2 && !portable);
+        check_close(&m, x, T, y, is_block(type) && isa != ISA_PORTABLE);
+        if (ref2) { /* AVX-512 == AVX2, every token, bit for bit */
+            assert_int_equal(ref2->ops->matmul(ref2->ctx, &m.w, x, T, y3), 0);
+            for (int64_t i = 0; i < T * rows; i++)
+                if (memcmp(&y[i], &y3[i], sizeof(float)))
+                    fail_msg("type %d cols %lld token %lld row %lld: avx512 %.9g != avx2 %.9g", (int)type,
+                             (long long)C, (long long)(i / rows), (long long)(i % rows), y[i], y3[i]);
+        }
         /* batch invariance: alone, 3 threads, every batch size */
         for (int32_t t = 0; t < T; t++) {
             assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x + (size_t)t * C, 1, y1), 0);
@@ -216,11 +245,13 @@ static void run_format(bk_wtype type, int portable) {
     }
     bk_cpu_destroy(b1);
     bk_cpu_destroy(b3);
+    bk_cpu_destroy(ref2);
 }
 
-#define FORMAT_TESTS(T)                                                     \
-    static void test_##T##_avx2(void **s) { (void)s; run_format(BK_W_##T, 0); } \
-    static void test_##T##_portable(void **s) { (void)s; run_format(BK_W_##T, 1); }
+#define FORMAT_TESTS(T)                                                                      \
+    static void test_##T##_avx512(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512); }   \
+    static void test_##T##_avx2(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX2); }       \
+    static void test_##T##_portable(void **s) { (void)s; run_format(BK_W_##T, ISA_PORTABLE); }
 FORMAT_TESTS(F32)
 FORMAT_TESTS(BF16)
 FORMAT_TESTS(F16)
@@ -231,7 +262,7 @@ FORMAT_TESTS(I4G32)
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T2(T) cmocka_unit_test(test_##T##_avx2), cmocka_unit_test(test_##T##_portable)
+#define T2(T) cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx2), cmocka_unit_test(test_##T##_portable)
         T2(F32), T2(BF16), T2(F16), T2(Q8_0), T2(Q4_0), T2(Q4_1), T2(I4G32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

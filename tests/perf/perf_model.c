@@ -23,6 +23,8 @@ int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: %s MODEL.gguf [threads] [prompt_len] [decode_steps]\n", argv[0]); return 2; }
     int threads = argc > 2 ? atoi(argv[2]) : 2, P = argc > 3 ? atoi(argv[3]) : 128, D = argc > 4 ? atoi(argv[4]) : 64;
     backend *be = bk_cpu_create(threads);
+    if (!be) { fprintf(stderr, "bk_cpu_create failed\n"); return 1; }
+    printf("backend: %s\n", bk_cpu_describe(be));
     model_load_opts o = {.block_size = 16, .n_blocks = (P + D + 64) / 16 + 2};
     model *m = NULL;
     specd_err err = {{0}};

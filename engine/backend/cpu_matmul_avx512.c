@@ -1,0 +1,326 @@
+/*
+ * cpu_matmul_avx512.c: the AVX-512 (F/BW/VL/DQ) row dots of the CPU matmul,
+ * bit-identical to the AVX2 ones in cpu_matmul.c.
+ *
+ * Owns nothing; pure functions over caller buffers, called from mm_rows when
+ * the backend chose the AVX-512 level (cpu_backend.c, CPUID + XGETBV).
+ *
+ * Why bit-identical, and how. Every AVX2 dot keeps two 8-lane f32
+ * accumulators per token and updates them in a fixed alternation: plain and
+ * I4G32 rows a += v0*x0, b += v1*x1, a += v2*x2, b += v3*x3 per 32 columns;
+ * block rows a0 for even blocks, a1 for odd blocks. Here one zmm holds
+ * [a | b] (or [a0 | a1]) and each 16-lane operation performs the two 8-lane
+ * updates the AVX2 code performs one after the other on independent
+ * accumulators, with the same f32 operands (same products, same scales), so
+ * every lane sees the same sequence of roundings. The final sum is the AVX2
+ * one, cpu_hsum8(lo + hi), plus the same scalar terms. The integer part
+ * (vpmaddwd pair sums of int16 weights x int16 activations) is exact in
+ * int32, so computing it over 32 columns at once changes nothing; to feed a
+ * block pair's [P_even | P_odd] straight from two vpmaddwd, the activations
+ * of a pair are stored [lo(even) | lo(odd) | hi(even) | hi(odd)]
+ * (cpu512_pair_layout). tests/backend/test_matmul.c checks the identity for
+ * every format, shape class and token count on an AVX-512 machine.
+ *
+ * Speed: per block pair and token the AVX2 integer dot issues 4 vpmaddwd,
+ * 2 adds, 2 conversions, 2 scale multiplies and 2 FMAs; this one issues half
+ * of each, and up to 8 tokens share one unpacked weight block (verify,
+ * prefill) against 4 in AVX2.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/backend/cpu_internal.h"
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define T512I __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline))
+
+void cpu512_pair_layout(int16_t *X, int64_t cols) {
+    const int64_t nb = cols / 32;
+    int16_t tmp[16];
+    for (int64_t b = 0; b + 1 < nb; b += 2) {
+        int16_t *p = X + b * 32; /* [lo(b) hi(b) lo(b+1) hi(b+1)] -> [lo(b) lo(b+1) hi(b) hi(b+1)] */
+        memcpy(tmp, p + 16, sizeof tmp);
+        memcpy(p + 16, p + 32, sizeof tmp);
+        memcpy(p + 32, tmp, sizeof tmp);
+    }
+}
+
+/* ------------------------------------------------ integer-activation dots */
+
+/* Weights of blocks b and b+1 widened to int16: *wl = [lo(b) | lo(b+1)],
+ * *wh = [hi(b) | hi(b+1)] (32 lanes each); *dv = [d(b) x 8 | d(b+1) x 8]
+ * broadcast from cpu_fp16_f32 (loads, no shuffle-port conversions) and the
+ * mins as the AVX2 iq_load computes them (Q4_0: m = -8 d). */
+T512I static inline void iq_load_pair(fused_kind k, const uint8_t *w, int64_t b, __m512i *wl, __m512i *wh,
+                                      __m512 *dv, float *m) {
+    const int q41 = k == FK_Q4_1;
+    const size_t bs = k == FK_Q8_0 ? 34 : q41 ? 20 : 18;
+    const uint8_t *b0 = w + (size_t)b * bs, *b1 = b0 + bs;
+    uint16_t h0, h1;
+    memcpy(&h0, b0, 2);
+    memcpy(&h1, b1, 2);
+    const float *d0 = &cpu_fp16_f32[h0], *d1 = &cpu_fp16_f32[h1];
+    *dv = _mm512_mask_blend_ps(0xff00, _mm512_broadcastss_ps(_mm_load_ss(d0)), _mm512_broadcastss_ps(_mm_load_ss(d1)));
+    if (k == FK_Q8_0) {
+        m[0] = m[1] = 0.0f;
+        const __m256i lo = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b0 + 2))),
+            _mm_loadu_si128((const __m128i *)(const void *)(b1 + 2)), 1);
+        const __m256i hi = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b0 + 18))),
+            _mm_loadu_si128((const __m128i *)(const void *)(b1 + 18)), 1);
+        *wl = _mm512_cvtepi8_epi16(lo);
+        *wh = _mm512_cvtepi8_epi16(hi);
+        return;
+    }
+    if (q41) {
+        memcpy(&h0, b0 + 2, 2);
+        memcpy(&h1, b1 + 2, 2);
+        m[0] = cpu_fp16_f32[h0];
+        m[1] = cpu_fp16_f32[h1];
+    } else {
+        m[0] = -8.0f * *d0;
+        m[1] = -8.0f * *d1;
+    }
+    const size_t qo = q41 ? 4 : 2;
+    const __m256i raw = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(b0 + qo))),
+        _mm_loadu_si128((const __m128i *)(const void *)(b1 + qo)), 1);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    *wl = _mm512_cvtepu8_epi16(_mm256_and_si256(raw, mask));
+    *wh = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), mask));
+}
+
+/* The last block of a row with an odd block count, exactly the AVX2
+ * IDOT_BLOCK on its even accumulator (standard [lo | hi] activation layout). */
+T512I static inline __m256 idot_tail(fused_kind k, const uint8_t *w, int64_t b, const int16_t *xb, const float *s,
+                                     __m256 acc, float *m) {
+    __m256i w0, w1;
+    const float *d;
+    uint16_t h;
+    if (k == FK_Q8_0) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        memcpy(&h, blk, 2);
+        d = &cpu_fp16_f32[h];
+        *m = 0.0f;
+        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
+    } else {
+        const int q41 = k == FK_Q4_1;
+        const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
+        memcpy(&h, blk, 2);
+        d = &cpu_fp16_f32[h];
+        if (q41) { memcpy(&h, blk + 2, 2); *m = cpu_fp16_f32[h]; }
+        else *m = -8.0f * *d;
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
+        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
+        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+    }
+    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xb)),
+                                       _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xb + 16))));
+    const __m256 sc = _mm256_mul_ps(_mm256_broadcast_ss(d), _mm256_loadu_ps(s));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc);
+}
+
+/* One row, NT tokens. Per chunk of IDOT_CHUNK blocks: the block pairs into
+ * acc = [a0 | a1], an odd last block into a0 (after every pair, as in AVX2,
+ * where it is also the row's last block), then the chunk's m-terms into the
+ * 8-lane am and the scalar mt exactly as AVX2 does. */
+T512I static inline void idot_n(fused_kind K, const int NT, const uint8_t *w, int64_t cols, const xq_rows *xq,
+                                int32_t t0, float *out) {
+    const int64_t nb = cols / 32;
+    __m512 acc[CPU512_MAX_NT];
+    __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];
+    float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];
+    int has_tail = 0;
+    for (int u = 0; u < NT; u++) {
+        acc[u] = _mm512_setzero_ps();
+        am[u] = tail[u] = _mm256_setzero_ps();
+        mt[u] = 0.0f;
+    }
+    for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {
+        const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;
+        int64_t b = c0;
+        for (; b + 1 < c1; b += 2) {
+            __m512i wl, wh;
+            __m512 dv;
+            iq_load_pair(K, w, b, &wl, &wh, &dv, &mb[b - c0]);
+            for (int u = 0; u < NT; u++) {
+                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
+                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
+                const __m512i p = _mm512_add_epi32(
+                    _mm512_madd_epi16(wl, _mm512_loadu_si512((const void *)xb)),
+                    _mm512_madd_epi16(wh, _mm512_loadu_si512((const void *)(xb + 32))));
+                const __m512 sc = _mm512_mul_ps(dv, _mm512_loadu_ps(xq->s + 8 * sb));
+                acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[u]);
+            }
+        }
+        if (b < c1) { /* only at the row's end: c1 == nb, nb odd */
+            has_tail = 1;
+            for (int u = 0; u < NT; u++) {
+                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
+                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
+                /* a0 is complete here except for this block: fold it in last */
+                tail[u] = idot_tail(K, w, b, xb, xq->s + 8 * sb, _mm512_castps512_ps256(acc[u]), &mb[b - c0]);
+            }
+        }
+        if (K == FK_Q8_0) continue;
+        for (int u = 0; u < NT; u++) {
+            const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;
+            int64_t i = 0;
+            for (; i + 8 <= c1 - c0; i += 8)
+                am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);
+            for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];
+        }
+    }
+    for (int u = 0; u < NT; u++) {
+        const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);
+        const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);
+        out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);
+    }
+}
+
+#define DEF_IDOT512(NT, K)                                                                                         \
+    T512 static void idot512_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) { \
+        idot_n(K, NT, w, cols, xq, t0, o);                                                                         \
+    }
+#define DEF_IDOT512_K(K)                                                                                           \
+    DEF_IDOT512(1, K) DEF_IDOT512(2, K) DEF_IDOT512(3, K) DEF_IDOT512(4, K) DEF_IDOT512(5, K) DEF_IDOT512(6, K)   \
+        DEF_IDOT512(7, K) DEF_IDOT512(8, K)
+DEF_IDOT512_K(FK_Q8_0)
+DEF_IDOT512_K(FK_Q4_0)
+DEF_IDOT512_K(FK_Q4_1)
+
+typedef void (*idot512_fn)(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o);
+#define IDOT512_ROW(K)                                                                                             \
+    {idot512_1_##K, idot512_2_##K, idot512_3_##K, idot512_4_##K,                                                   \
+     idot512_5_##K, idot512_6_##K, idot512_7_##K, idot512_8_##K}
+static const idot512_fn IDOT512[3][CPU512_MAX_NT] = {IDOT512_ROW(FK_Q8_0), IDOT512_ROW(FK_Q4_0),
+                                                     IDOT512_ROW(FK_Q4_1)};
+
+void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+                 float *out) {
+    IDOT512[kind][nt - 1](w, cols, xq, t0, out);
+}
+
+/* ------------------------------------------------------ plain-row dots */
+
+/* 16 values of a plain row from column c, converted to f32 in registers. */
+T512I static inline __m512 plain_load16(fused_kind k, const uint8_t *w, int64_t c) {
+    switch (k) {
+    case FK_F32: return _mm512_loadu_ps((const float *)(const void *)w + c);
+    case FK_BF16: {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * (size_t)c));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(w + 2 * (size_t)c)));
+    }
+}
+
+T512I static inline void fdot_n(fused_kind K, const int NT, const uint8_t *w, int64_t n, const float *x, size_t ldx,
+                                float *out) {
+    __m512 acc[CPU512_MAX_NT];
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    const int64_t nb = n / 32;
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 v01 = plain_load16(K, w, b * 32), v23 = plain_load16(K, w, b * 32 + 16);
+        for (int u = 0; u < NT; u++) {
+            const float *xb = x + (size_t)u * ldx + b * 32;
+            acc[u] = _mm512_fmadd_ps(v01, _mm512_loadu_ps(xb), acc[u]);
+            acc[u] = _mm512_fmadd_ps(v23, _mm512_loadu_ps(xb + 16), acc[u]);
+        }
+    }
+    for (int u = 0; u < NT; u++) {
+        float s = cpu_hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[u]), _mm512_extractf32x8_ps(acc[u], 1)));
+        for (int64_t i = nb * 32; i < n; i++) s += cpu_plain_at(K, w, i) * x[(size_t)u * ldx + i];
+        out[u] = s;
+    }
+}
+
+#define DEF_FDOT512(NT, K)                                                                                         \
+    T512 static void fdot512_##NT##_##K(const uint8_t *w, int64_t n, const float *x, size_t ldx, float *o) {       \
+        fdot_n(K, NT, w, n, x, ldx, o);                                                                            \
+    }
+#define DEF_FDOT512_K(K)                                                                                           \
+    DEF_FDOT512(1, K) DEF_FDOT512(2, K) DEF_FDOT512(3, K) DEF_FDOT512(4, K) DEF_FDOT512(5, K) DEF_FDOT512(6, K)   \
+        DEF_FDOT512(7, K) DEF_FDOT512(8, K)
+DEF_FDOT512_K(FK_F32)
+DEF_FDOT512_K(FK_BF16)
+DEF_FDOT512_K(FK_F16)
+
+typedef void (*fdot512_fn)(const uint8_t *w, int64_t n, const float *x, size_t ldx, float *o);
+#define FDOT512_ROW(K)                                                                                             \
+    {fdot512_1_##K, fdot512_2_##K, fdot512_3_##K, fdot512_4_##K,                                                   \
+     fdot512_5_##K, fdot512_6_##K, fdot512_7_##K, fdot512_8_##K}
+static const fdot512_fn FDOT512[3][CPU512_MAX_NT] = {FDOT512_ROW(FK_F32), FDOT512_ROW(FK_BF16),
+                                                     FDOT512_ROW(FK_F16)};
+
+void cpu512_fdot(fused_kind kind, int nt, const uint8_t *w, int64_t n, const float *x, size_t ldx, float *out) {
+    FDOT512[kind - FK_F32][nt - 1](w, n, x, ldx, out);
+}
+
+/* ---------------------------------------------------------- I4G32 dots
+ * Per group: the 16 weights bf16((q) * s), q = -8..7, in one zmm (the AVX2
+ * kernel's two 8-lane tables side by side: the same products, the same
+ * round-to-nearest-even on the bits), indexed directly by the stored nibble
+ * (value + 8). Words 0,1 and 2,3 of the group give [v0 | v1] and [v2 | v3]. */
+
+T512I static inline __m512 bf16_round16(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    b = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
+    return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+T512I static inline __m512 i4_words16(uint32_t w0, uint32_t w1, __m512 lut) {
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i words = _mm512_inserti64x4(_mm512_set1_epi32((int)w0), _mm256_set1_epi32((int)w1), 1);
+    const __m512i idx = _mm512_and_si512(_mm512_srlv_epi32(words, shifts), _mm512_set1_epi32(0xf));
+    return _mm512_permutexvar_ps(idx, lut);
+}
+
+T512I static inline void i4dot_n(const int NT, const uint8_t *w, const uint8_t *sc, int64_t n, const float *x,
+                                 size_t ldx, float *out) {
+    __m512 acc[CPU512_MAX_NT];
+    for (int u = 0; u < NT; u++) acc[u] = _mm512_setzero_ps();
+    const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t g = 0; g < n / 32; g++) {
+        uint16_t s16;
+        memcpy(&s16, sc + 2 * g, 2);
+        const __m512 lut = bf16_round16(_mm512_mul_ps(q, _mm512_set1_ps(cpu_bf16_to_f32(s16))));
+        uint32_t word[4];
+        memcpy(word, w + 16 * g, 16);
+        const __m512 v01 = i4_words16(word[0], word[1], lut), v23 = i4_words16(word[2], word[3], lut);
+        for (int u = 0; u < NT; u++) {
+            const float *xb = x + (size_t)u * ldx + g * 32;
+            acc[u] = _mm512_fmadd_ps(v01, _mm512_loadu_ps(xb), acc[u]);
+            acc[u] = _mm512_fmadd_ps(v23, _mm512_loadu_ps(xb + 16), acc[u]);
+        }
+    }
+    for (int u = 0; u < NT; u++)
+        out[u] = cpu_hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[u]), _mm512_extractf32x8_ps(acc[u], 1)));
+}
+
+#define DEF_I4DOT512(NT)                                                                                           \
+    T512 static void i4dot512_##NT(const uint8_t *w, const uint8_t *sc, int64_t n, const float *x, size_t ldx,     \
+                                   float *o) {                                                                     \
+        i4dot_n(NT, w, sc, n, x, ldx, o);                                                                          \
+    }
+DEF_I4DOT512(1)
+DEF_I4DOT512(2)
+DEF_I4DOT512(3)
+DEF_I4DOT512(4)
+DEF_I4DOT512(5)
+DEF_I4DOT512(6)
+DEF_I4DOT512(7)
+DEF_I4DOT512(8)
+
+typedef void (*i4dot512_fn)(const uint8_t *w, const uint8_t *sc, int64_t n, const float *x, size_t ldx, float *o);
+static const i4dot512_fn I4DOT512[CPU512_MAX_NT] = {i4dot512_1, i4dot512_2, i4dot512_3, i4dot512_4,
+                                                    i4dot512_5, i4dot512_6, i4dot512_7, i4dot512_8};
+
+void cpu512_i4dot(int nt, const uint8_t *w, const uint8_t *sc, int64_t n, const float *x, size_t ldx, float *out) {
+    I4DOT512[nt - 1](w, sc, n, x, ldx, out);
+}
