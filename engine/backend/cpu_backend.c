@@ -155,10 +155,77 @@ static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
     }
 }
 
+/* The same attention with AVX2/FMA (head_dim % 8 == 0), for the AVX2 and
+ * AVX-512 levels alike (so those two stay bit-identical). Per (token, head):
+ *   s_p = scale * hsum8(a + b), a/b the 8-lane FMA accumulators of q.k_p over
+ *         16-dim steps (a: dims 16i..16i+7, b: 16i+8..16i+15; a last 8-dim
+ *         step goes to a);
+ *   softmax as the scalar path (expf, max-subtracted, sum in double);
+ *   out[i] = (sum_p e_p v_p[i]) / sum, the numerator in f32 lanes, one FMA per
+ *         position in position order.
+ * A function of the (token, head) item alone, like the scalar path: batch
+ * invariance holds. It replaces a 64-long dependent scalar add chain per
+ * position and a double-precision PV loop. */
+__attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_t i0, int64_t i1, int tid) {
+    const attn_job *j = va;
+    const bk_kv_layer *kv = j->kv;
+    const bk_attn_meta *m = j->m;
+    const int32_t T = m->n_tokens, hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
+    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
+    if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
+    for (int64_t it = i0; it < i1; it++) {
+        const int32_t t = (int32_t)(it / n_heads), h = (int32_t)(it % n_heads);
+        const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
+        const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
+        float mx = -INFINITY;
+        for (int32_t p = 0; p < len; p++) {
+            if (m->tree_mask) {
+                int masked = 0;
+                for (int32_t u = 0; u < T; u++)
+                    if (m->seq_of[u] == seq && m->pos[u] == p) { masked = !m->tree_mask[(size_t)t * T + u]; break; }
+                if (masked) { s[p] = -INFINITY; continue; }
+            }
+            const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+            int32_t i = 0;
+            for (; i + 16 <= hd; i += 16) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(kp + i), a);
+                b = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(kp + i + 8), b);
+            }
+            if (i < hd) a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(kp + i), a);
+            s[p] = cpu_hsum8(_mm256_add_ps(a, b)) * j->scale;
+            if (s[p] > mx) mx = s[p];
+        }
+        double sum = 0;
+        for (int32_t p = 0; p < len; p++) {
+            float e = s[p] == -INFINITY ? 0.0f : expf(s[p] - mx);
+            s[p] = e;
+            sum += e;
+        }
+        float *oh = j->out + ((size_t)t * n_heads + h) * hd;
+        for (int32_t c0 = 0; c0 < hd; c0 += 64) { /* 64 dims (8 registers) per pass over the positions */
+            const int32_t nr = (hd - c0 < 64 ? hd - c0 : 64) / 8;
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int32_t p = 0; p < len; p++) {
+                if (s[p] == 0.0f) continue;
+                const float *vp = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0;
+                const __m256 w = _mm256_set1_ps(s[p]);
+                for (int r = 0; r < nr; r++) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8 * r), acc[r]);
+            }
+            float num[64];
+            for (int r = 0; r < nr; r++) _mm256_storeu_ps(num + 8 * r, acc[r]);
+            for (int32_t i = 0; i < 8 * nr; i++) oh[c0 + i] = (float)((double)num[i] / sum);
+        }
+    }
+}
+
 /* Scaled dot-product attention (Vaswani et al. 2017) over the paged cache.
  * For token t, head h: s_p = scale * q.k_p for p in [0, pos[t]] (minus masked
  * in-step tree positions), softmax (max-subtracted; sums in double, in
- * position order), out = sum_p w_p v_p in position order. */
+ * position order), out = sum_p w_p v_p in position order. AVX2 kernels
+ * (attn_items_avx2) when the backend runs AVX2 or AVX-512 and head_dim % 8
+ * == 0, else the portable scalar loop (attn_items). */
 static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
                           int32_t n_heads, float scale, float *out) {
     cpu_ctx *ctx = vctx;
@@ -167,7 +234,8 @@ static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta 
     for (int i = 0; i < ctx->n_threads; i++)
         if (!cpu_scratch_get(ctx, i, (size_t)max_len + 2 * (size_t)kv->head_dim + 2)) return;
     attn_job j = {ctx, kv, m, q, n_heads, scale, out, max_len};
-    tpool_run(ctx->pool, attn_items, &j, (int64_t)m->n_tokens * n_heads, 1);
+    tpool_run(ctx->pool, ctx->avx2 && kv->head_dim % 8 == 0 ? attn_items_avx2 : attn_items, &j,
+              (int64_t)m->n_tokens * n_heads, 1);
 }
 
 /* SwiGLU gate (Shazeer 2020): silu(g) * u, silu(g) = g / (1 + e^-g). */
