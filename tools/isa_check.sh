@@ -52,7 +52,8 @@ SPECD_CPU_ISA=avx512 "$B/tests/perf/perf_model" "$MODEL" 1 4 1 2>/dev/null | gre
 for isa in avx2 avx512; do
     for t in ${THREADS:-1 2 4 8}; do
         SPECD_CPU_ISA=$isa "$B/tests/perf/perf_model" "$MODEL" "$t" 128 64 >"$OUT/perf_${isa}_$t.log" 2>&1 || fail=1
-        printf '%-6s %2d  %s | %s | %s\n' "$isa" "$t" \
+        ran=$(grep -o -m1 -E "avx512|avx2|portable" "$OUT/perf_${isa}_$t.log")
+        printf '%-6s %2d  %s | %s | %s\n' "$ran" "$t" \
             "$(grep -o 'prefill.*tok/s wall' "$OUT/perf_${isa}_$t.log")" \
             "$(grep -o 'decode.*tok/s wall' "$OUT/perf_${isa}_$t.log")" \
             "$(grep -o 'k=3.*decode step' "$OUT/perf_${isa}_$t.log")"

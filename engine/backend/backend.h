@@ -94,7 +94,8 @@ typedef struct bk_ops {
     void (*kv_write)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *k, const float *v);
     /* Attention over the paged cache: q [T, n_heads, head_dim] -> out [T, n_heads, head_dim].
      * GQA: head h uses kv head h / (n_heads / n_kv_heads). scale = softmax scale.
-     * Exact softmax in f32 with a max-subtracted, fixed-order reduction. */
+     * Exact softmax in f32 with a max-subtracted, fixed-order reduction (sums
+     * in double); the PV numerator in double (portable) or f32 lanes (AVX2). */
     void (*attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
                       int32_t n_heads, float scale, float *out);
     /* out[T, n] = silu(gate) * up, gate/up [T, n]. out may alias gate. */

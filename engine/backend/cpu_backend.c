@@ -18,6 +18,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu_internal.h"
+#include "engine/util/log.h"
 
 /* RMSNorm (Zhang & Sennrich 2019): x * 1/sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in a fixed sequential order (double accumulator). */
@@ -223,7 +224,8 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
 /* Scaled dot-product attention (Vaswani et al. 2017) over the paged cache.
  * For token t, head h: s_p = scale * q.k_p for p in [0, pos[t]] (minus masked
  * in-step tree positions), softmax (max-subtracted; sums in double, in
- * position order), out = sum_p w_p v_p in position order. AVX2 kernels
+ * position order), out = sum_p w_p v_p in position order (numerator in double
+ * on the portable path, in f32 lanes on the AVX2 one). AVX2 kernels
  * (attn_items_avx2) when the backend runs AVX2 or AVX-512 and head_dim % 8
  * == 0, else the portable scalar loop (attn_items). */
 static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
@@ -331,6 +333,8 @@ backend *bk_cpu_create(int n_threads) {
     const char *isa = getenv("SPECD_CPU_ISA"), *force = getenv("SPECD_CPU_PORTABLE");
     if ((force && *force == '1') || (isa && !strcmp(isa, "portable"))) ctx->avx2 = ctx->avx512 = 0;
     else if (isa && !strcmp(isa, "avx2")) ctx->avx512 = 0;
+    else if (isa && *isa && strcmp(isa, "avx512"))
+        LOG_WARN("SPECD_CPU_ISA='%s' is not portable, avx2 or avx512: ignored (using the best level)", isa);
     if (n_threads <= 0) {
         const char *e = getenv("OMP_NUM_THREADS");
         n_threads = e && atoi(e) > 0 ? atoi(e) : (int)sysconf(_SC_NPROCESSORS_ONLN);

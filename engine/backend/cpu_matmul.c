@@ -460,7 +460,7 @@ typedef struct mm_job {
 } mm_job;
 
 /* Rows [r0, r1) for every token: each row unpacked once, then dotted with the
- * tokens four at a time. */
+ * tokens four (AVX2) or eight (AVX-512) at a time. */
 static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     mm_job *j = va;
     const bk_weight *w = j->w;

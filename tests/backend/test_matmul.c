@@ -196,10 +196,11 @@ static void run_format(bk_wtype type, isa_level isa) {
     if (isa == ISA_PORTABLE) assert_null(strstr(desc, "avx2"));
     /* the AVX2 backend the AVX-512 results must equal bit for bit */
     backend *ref2 = isa == ISA_AVX512 ? create_isa(ISA_AVX2, 1) : NULL;
-    /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd), and for
-     * plain rows 100 columns (a 4-column scalar tail) */
-    const int64_t rows = 37, ncols[4] = {320, 352, 2272, 100};
-    const int npass = (type == BK_W_F32 || type == BK_W_BF16 || type == BK_W_F16) ? 4 : 3;
+    /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd), 128 (two
+     * full chunks, no tail), 137 (a third chunk of 9 blocks with a tail), and for plain rows 100 columns
+     * (a 4-column scalar tail) */
+    const int64_t rows = 37, ncols[6] = {320, 352, 2272, 4096, 4384, 100};
+    const int npass = (type == BK_W_F32 || type == BK_W_BF16 || type == BK_W_F16) ? 6 : 5;
     for (int pass = 0; pass < npass; pass++) {
         const int64_t C = ncols[pass];
         wmat m;
@@ -235,6 +236,10 @@ static void run_format(bk_wtype type, isa_level isa) {
         x[C + 7] = NAN;
         x[2 * C + C - 1] = INFINITY;
         assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x, 3, y), 0);
+        if (ref2) { /* the same bits for zero / NaN / Inf inputs too */
+            assert_int_equal(ref2->ops->matmul(ref2->ctx, &m.w, x, 3, y3), 0);
+            assert_memory_equal(y, y3, sizeof(float) * 3 * (size_t)rows);
+        }
         for (int64_t r = 0; r < rows; r++) {
             assert_true(y[r] == 0.0f);
             assert_false(isfinite(y[rows + r]));
