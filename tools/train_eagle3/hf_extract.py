@@ -19,7 +19,8 @@ Input JSONL: one object per line with "messages": [{"role", "content"}...]
 (the OpenAI chat shape).  Usage:
   hf_extract.py --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf \
       --input convs.jsonl --out DUMP [--max-samples N] [--max-len 2048]
-Threading: none (torch intra-op threads: --threads).
+Threading: none (torch intra-op threads: --threads; --device cuda runs the
+forward passes on a GPU, the dump is written from host copies).
 """
 
 import argparse
@@ -74,13 +75,14 @@ def main():
     ap.add_argument("--aux-dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--samples-per-shard", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device for the forward passes (cpu, cuda)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     gp = os.path.realpath(a.gguf)
     d, f = os.path.dirname(gp), os.path.basename(gp)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval().to(a.device)
     N = model.config.num_hidden_layers
     aux_ids = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else [2, N // 2, N - 3]
     if len(aux_ids) != 3 or not all(0 <= i < N for i in aux_ids):
@@ -103,9 +105,9 @@ def main():
             ids, mask = render_with_mask(tok, json.loads(line)["messages"])
             ids, mask = ids[: a.max_len], mask[: a.max_len]
             cap.clear()
-            model(input_ids=torch.tensor([ids]))
-            aux = torch.cat([cap[i] for i in aux_ids], -1)
-            w.add(torch.tensor(ids), torch.tensor(mask), aux, cap["final"])
+            model(input_ids=torch.tensor([ids], device=a.device))
+            aux = torch.cat([cap[i] for i in aux_ids], -1).cpu()
+            w.add(torch.tensor(ids), torch.tensor(mask), aux, cap["final"].cpu())
             n_tok += len(ids)
     w.close()
     for h in hooks:

@@ -412,6 +412,8 @@ def parse_args(argv=None):
     ap.add_argument("--export-only", action="store_true")
     ap.add_argument("--no-export-lm-head", action="store_true",
                     help="omit lm_head from the export (only sensible with --freeze-lm-head)")
+    ap.add_argument("--time-limit", type=float, default=0,
+                    help="seconds of training in this invocation (0: none); then checkpoint and export")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop (after checkpointing) once this step is reached; for tests")
     return ap.parse_args(argv)
@@ -426,7 +428,7 @@ def main(argv=None):
         # a resumed run keeps the arguments that shape the model, the data and
         # the schedule; only --steps, --stop-after, --export-* and logging
         # options may change between sessions.
-        keep = {"run", "steps", "stop_after", "export_dir", "export_only",
+        keep = {"run", "steps", "stop_after", "time_limit", "export_dir", "export_only",
                 "no_export_lm_head", "threads", "device", "log_every", "ckpt_every"}
         if a.dump:   # dumps may grow or be added between sessions (the epoch order then changes)
             keep.add("dump")
@@ -497,7 +499,12 @@ def main(argv=None):
 
     log = open(os.path.join(a.run, "log.jsonl"), "a")
     last = {}
+    t_session = time.time()
     while not a.export_only and step < a.steps:
+        if a.time_limit and time.time() - t_session > a.time_limit:
+            save_ckpt(a.run, state())
+            print(f"train: --time-limit {a.time_limit:g} s reached at step {step}; checkpointed")
+            break
         t0 = time.time()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
