@@ -305,3 +305,21 @@ def test_row_subset_forward_is_exact(runs):
     for j in range(3):
         rr = need0 if j == 0 else need1
         assert torch.allclose(full[j][rr], sub[j][rr], rtol=1e-5, atol=1e-5), j
+
+
+def test_time_limit_checkpoints_and_exports(runs, tmp_path):
+    """--time-limit: once the limit has passed (here at once, after step 2 of a
+    resumed run) training stops at a step boundary, checkpoints that step and
+    exports it; a later run without the limit resumes from there."""
+    syn, _, _ = runs
+    run = str(tmp_path / "tl")
+    tr.main(_args(syn, run, "--stop-after", "2"))
+    tr.main(_args(syn, run, "--time-limit", "1e-9"))
+    ck = sorted(os.listdir(os.path.join(run, "ckpt")))
+    assert ck[-1] == "step_00000002.pt", ck
+    with open(os.path.join(run, "export", "README.md")) as f:
+        assert "| steps | 2 |" in f.read()
+    with open(os.path.join(run, "export", "config.json")) as f:
+        json.load(f)
+    tr.main(_args(syn, run, "--steps", "4"))
+    assert sorted(os.listdir(os.path.join(run, "ckpt")))[-1] == "step_00000004.pt"
