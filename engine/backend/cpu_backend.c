@@ -111,12 +111,34 @@ typedef struct attn_job {
     int32_t max_len;
 } attn_job;
 
+/* 1 if in-step token t must not see position p of its sequence seq: p is
+ * another in-step token of seq that the tree mask hides from t. */
+static inline int attn_masked(const bk_attn_meta *m, int32_t t, int32_t seq, int32_t p) {
+    if (!m->tree_mask) return 0;
+    const int32_t T = m->n_tokens;
+    for (int32_t u = 0; u < T; u++)
+        if (m->seq_of[u] == seq && m->pos[u] == p) return !m->tree_mask[(size_t)t * T + u];
+    return 0;
+}
+
+/* s[p] <- exp(s[p] - mx) (0 for masked -inf scores); returns their sum,
+ * accumulated in double in position order. */
+static inline double attn_softmax_num(float *s, int32_t len, float mx) {
+    double sum = 0;
+    for (int32_t p = 0; p < len; p++) {
+        const float e = s[p] == -INFINITY ? 0.0f : expf(s[p] - mx);
+        s[p] = e;
+        sum += e;
+    }
+    return sum;
+}
+
 /* Items are (token, head) pairs: item = t * n_heads + h. */
 static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
     const attn_job *j = va;
     const bk_kv_layer *kv = j->kv;
     const bk_attn_meta *m = j->m;
-    const int32_t T = m->n_tokens, hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
+    const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
     float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
     if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
     double *acc = (double *)(void *)(s + j->max_len + (j->max_len & 1));
@@ -126,25 +148,14 @@ static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
         const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
         float mx = -INFINITY;
         for (int32_t p = 0; p < len; p++) {
-            if (m->tree_mask) {
-                /* an in-step token at position p of this sequence: masked if the tree says so */
-                int masked = 0;
-                for (int32_t u = 0; u < T; u++)
-                    if (m->seq_of[u] == seq && m->pos[u] == p) { masked = !m->tree_mask[(size_t)t * T + u]; break; }
-                if (masked) { s[p] = -INFINITY; continue; }
-            }
+            if (attn_masked(m, t, seq, p)) { s[p] = -INFINITY; continue; }
             const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
             float d = 0;
             for (int32_t i = 0; i < hd; i++) d += qh[i] * kp[i];
             s[p] = d * j->scale;
             if (s[p] > mx) mx = s[p];
         }
-        double sum = 0;
-        for (int32_t p = 0; p < len; p++) {
-            float e = s[p] == -INFINITY ? 0.0f : expf(s[p] - mx);
-            s[p] = e;
-            sum += e;
-        }
+        const double sum = attn_softmax_num(s, len, mx);
         for (int32_t i = 0; i < hd; i++) acc[i] = 0;
         for (int32_t p = 0; p < len; p++) {
             if (s[p] == 0.0f) continue;
@@ -171,7 +182,7 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
     const attn_job *j = va;
     const bk_kv_layer *kv = j->kv;
     const bk_attn_meta *m = j->m;
-    const int32_t T = m->n_tokens, hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
+    const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
     float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
     if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
     for (int64_t it = i0; it < i1; it++) {
@@ -180,12 +191,7 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
         const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
         float mx = -INFINITY;
         for (int32_t p = 0; p < len; p++) {
-            if (m->tree_mask) {
-                int masked = 0;
-                for (int32_t u = 0; u < T; u++)
-                    if (m->seq_of[u] == seq && m->pos[u] == p) { masked = !m->tree_mask[(size_t)t * T + u]; break; }
-                if (masked) { s[p] = -INFINITY; continue; }
-            }
+            if (attn_masked(m, t, seq, p)) { s[p] = -INFINITY; continue; }
             const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
             __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
             int32_t i = 0;
@@ -197,12 +203,7 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
             s[p] = cpu_hsum8(_mm256_add_ps(a, b)) * j->scale;
             if (s[p] > mx) mx = s[p];
         }
-        double sum = 0;
-        for (int32_t p = 0; p < len; p++) {
-            float e = s[p] == -INFINITY ? 0.0f : expf(s[p] - mx);
-            s[p] = e;
-            sum += e;
-        }
+        const double sum = attn_softmax_num(s, len, mx);
         float *oh = j->out + ((size_t)t * n_heads + h) * hd;
         for (int32_t c0 = 0; c0 < hd; c0 += 64) { /* 64 dims (8 registers) per pass over the positions */
             const int32_t nr = (hd - c0 < 64 ? hd - c0 : 64) / 8;
