@@ -112,6 +112,49 @@ typedef struct xq_rows {
  * even/odd accumulator of a block, does not depend on the chunking). */
 #define IDOT_CHUNK 64
 
+/* Block b's int16 weights; *d points at its f32 scale in cpu_fp16_f32 (a
+ * table load instead of a scalar F16C conversion, which competes with the
+ * vector shuffles for one port), *m is its min term (Q4_0: -8 d). */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void cpu_iq_load(fused_kind k, const uint8_t *w,
+                                                                                      int64_t b, __m256i *w0,
+                                                                                      __m256i *w1, const float **d,
+                                                                                      float *m) {
+    uint16_t d16, m16;
+    if (k == FK_Q8_0) {
+        const uint8_t *blk = w + (size_t)b * 34;
+        memcpy(&d16, blk, 2);
+        *d = &cpu_fp16_f32[d16];
+        *m = 0.0f;
+        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
+        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
+        return;
+    }
+    const int q41 = k == FK_Q4_1;
+    const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
+    memcpy(&d16, blk, 2);
+    *d = &cpu_fp16_f32[d16];
+    if (q41) { memcpy(&m16, blk + 2, 2); *m = cpu_fp16_f32[m16]; }
+    else *m = -8.0f * **d;
+    const __m128i lomask = _mm_set1_epi8(0x0f);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
+    *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lomask));
+    *w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), lomask));
+}
+
+/* One block of one token on the integer path (AVX2 lanes): acc + f32(w0 .
+ * X[0:16] + w1 . X[16:32], vpmaddwd lane sums, exact) * (d * s[0:8]), with
+ * xb the token's 32 int16 activations of the block in the standard layout and
+ * s its 8 lane-group scales. The AVX2 dots run this per block; the AVX-512
+ * dots run it for an odd last block. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 cpu_iq_fma(__m256i w0, __m256i w1, __m256 dv,
+                                                                               const int16_t *xb, const float *s,
+                                                                               __m256 acc) {
+    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xb)),
+                                       _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xb + 16))));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_loadu_ps(s)), acc);
+}
+
+
 /* ------------------------------------------- AVX-512 (cpu_matmul_avx512.c)
  * Each computes out[u], u < nt (1..CPU512_MAX_NT), bit-identical to the AVX2
  * kernel of the same format for the same token. Call only when ctx->avx512. */

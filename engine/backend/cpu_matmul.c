@@ -361,49 +361,16 @@ static void quant_row_i16(const float *x, int64_t cols, int16_t *X, float *s, fl
     }
 }
 
-/* Block b's int16 weights; *d points at its f32 scale in cpu_fp16_f32 (a
- * table load instead of a scalar F16C conversion, which competes with the
- * vector shuffles for one port), *m is its min term (Q4_0: -8 d). */
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void iq_load(fused_kind k, const uint8_t *w,
-                                                                                  int64_t b, __m256i *w0,
-                                                                                  __m256i *w1, const float **d,
-                                                                                  float *m) {
-    uint16_t d16, m16;
-    if (k == FK_Q8_0) {
-        const uint8_t *blk = w + (size_t)b * 34;
-        memcpy(&d16, blk, 2);
-        *d = &cpu_fp16_f32[d16];
-        *m = 0.0f;
-        *w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
-        *w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
-        return;
-    }
-    const int q41 = k == FK_Q4_1;
-    const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
-    memcpy(&d16, blk, 2);
-    *d = &cpu_fp16_f32[d16];
-    if (q41) { memcpy(&m16, blk + 2, 2); *m = cpu_fp16_f32[m16]; }
-    else *m = -8.0f * **d;
-    const __m128i lomask = _mm_set1_epi8(0x0f);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
-    *w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, lomask));
-    *w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), lomask));
-}
-
 #define IDOT_BLOCK(K, NT, b, acc)                                                                                  \
     do {                                                                                                           \
         __m256i w0, w1;                                                                                            \
         const float *d;                                                                                            \
-        iq_load(K, w, b, &w0, &w1, &d, &mb[(b) - c0]);                                                            \
+        cpu_iq_load(K, w, b, &w0, &w1, &d, &mb[(b) - c0]);                                                        \
         const __m256 dv = _mm256_broadcast_ss(d);                                                                  \
         for (int u = 0; u < NT; u++) {                                                                             \
-            const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + (b) * 32;                               \
             const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)(b);                                        \
-            const __m256i p = _mm256_add_epi32(                                                                    \
-                _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xb)),                      \
-                _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xb + 16))));              \
-            const __m256 sc = _mm256_mul_ps(dv, _mm256_loadu_ps(xq->s + 8 * sb));                                  \
-            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[u]);                                           \
+            acc[u] = cpu_iq_fma(w0, w1, dv, xq->X + (size_t)(t0 + u) * (size_t)cols + (b) * 32, xq->s + 8 * sb,   \
+                                acc[u]);                                                                           \
         }                                                                                                          \
     } while (0)
 

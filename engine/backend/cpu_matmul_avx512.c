@@ -98,30 +98,8 @@ T512I static inline __m256 idot_tail(fused_kind k, const uint8_t *w, int64_t b, 
                                      __m256 acc, float *m) {
     __m256i w0, w1;
     const float *d;
-    uint16_t h;
-    if (k == FK_Q8_0) {
-        const uint8_t *blk = w + (size_t)b * 34;
-        memcpy(&h, blk, 2);
-        d = &cpu_fp16_f32[h];
-        *m = 0.0f;
-        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 2)));
-        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(blk + 18)));
-    } else {
-        const int q41 = k == FK_Q4_1;
-        const uint8_t *blk = w + (size_t)b * (q41 ? 20 : 18);
-        memcpy(&h, blk, 2);
-        d = &cpu_fp16_f32[h];
-        if (q41) { memcpy(&h, blk + 2, 2); *m = cpu_fp16_f32[h]; }
-        else *m = -8.0f * *d;
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(blk + (q41 ? 4 : 2)));
-        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));
-        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
-    }
-    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(const void *)xb)),
-                                       _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(const void *)(xb + 16))));
-    const __m256 sc = _mm256_mul_ps(_mm256_broadcast_ss(d), _mm256_loadu_ps(s));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc);
+    cpu_iq_load(k, w, b, &w0, &w1, &d, m);
+    return cpu_iq_fma(w0, w1, _mm256_broadcast_ss(d), xb, s, acc);
 }
 
 /* One row, NT tokens. Per chunk of IDOT_CHUNK blocks: the block pairs into
