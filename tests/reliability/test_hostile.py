@@ -267,13 +267,14 @@ def test_1000_idle_connections_raised_limits(reference):
         base = baseline_fds(s2)
         t0 = time.time()
         socks, refused = open_idle(s2.port, N_IDLE)
+        t_open = time.time() - t0
         # connect() returns once the kernel queued the connection; give the server's accept loop until
-        # just before the idle timeout to take them all (a loaded machine needs a moment)
+        # just before the idle timeout to take them all (a loaded machine needs a moment; none can have
+        # timed out yet, the first was accepted less than TIMEOUT_S ago)
         held_fds = s2.n_fds() - base
         while held_fds < N_IDLE - 5 and time.time() - t0 < TIMEOUT_S - 1:
             time.sleep(0.05)
             held_fds = s2.n_fds() - base
-        t_open = time.time() - t0
         n_closed = sum(is_closed_now(s) for s in socks)
         assert refused == 0
         if t_open < TIMEOUT_S - 1:  # all held (a very slow machine may have timed the first out already)
