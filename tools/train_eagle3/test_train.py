@@ -323,3 +323,61 @@ def test_time_limit_checkpoints_and_exports(runs, tmp_path):
         json.load(f)
     tr.main(_args(syn, run, "--steps", "4"))
     assert sorted(os.listdir(os.path.join(run, "ckpt")))[-1] == "step_00000004.pt"
+
+
+def test_init_from_warm_starts_a_new_run(runs, tmp_path):
+    """--init-from: a NEW run starts from another run's trained weights (step 0,
+    fresh optimiser): its first step's loss is the trained run's level, not a
+    cold start's; lm_head is taken only under the same vocab map (another map
+    keeps this run's target-row initialisation); a shape mismatch is refused."""
+    syn, a, _ = runs
+    warm, cold = str(tmp_path / "warm"), str(tmp_path / "cold")
+    tr.main(_args(syn, warm, "--init-from", a, "--stop-after", "1", "--log-every", "1"))
+    tr.main(_args(syn, cold, "--stop-after", "1", "--log-every", "1"))
+    lw, lc, la = _log(warm)[0], _log(cold)[0], _log(a)
+    assert lw["step"] == 1 and lw["lr"] == tr.lr_at(0, tr.parse_args(_args(syn, warm)))
+    print("step-1 loss warm", lw["loss"][0], "cold", lc["loss"][0], "trained run last", la[-1]["loss"][0])
+    assert lw["loss"][0] < lc["loss"][0] - 0.5
+    assert lw["loss"][0] < la[0]["loss"][0] - 0.5
+
+    src = torch.load(os.path.join(a, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    args = tr.parse_args(_args(syn, str(tmp_path / "x")))
+    layer_cfg, embed, lm_target = tr.load_target(args)
+    d2t, t2d = tr.load_vocab_map(args.vocab_map, embed.shape[0])
+    cfg = DraftConfig(**src["cfg"])
+
+    def fresh(d2t_):
+        used = torch.arange(d2t_.shape[0]) + d2t_
+        return Eagle3Train(cfg, embed, lm_target[used].clone()), lm_target[used].clone()
+
+    m, _ = fresh(d2t)
+    tr.init_weights(m, a, cfg, d2t, torch.device("cpu"))
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, src["model"][k]), k
+
+    # another vocab map (same size, other ids): every weight but lm_head copied
+    other = str(tmp_path / "other_map.safetensors")
+    used = torch.arange(d2t.shape[0]) + d2t
+    spare = torch.nonzero(~t2d).flatten()
+    used2 = torch.sort(torch.cat([used[:-1], spare[:1]])).values
+    from safetensors.torch import save_file
+    t2d2 = torch.zeros_like(t2d)
+    t2d2[used2] = True
+    save_file({"d2t": used2 - torch.arange(used2.shape[0]), "t2d": t2d2}, other)
+    d2t2, _ = tr.load_vocab_map(other, embed.shape[0])
+    m2, lm2 = fresh(d2t2)
+    tr.init_weights(m2, a, cfg, d2t2, torch.device("cpu"))
+    for k, v in m2.state_dict().items():
+        if k == "lm_head.weight":
+            assert torch.equal(v, lm2), "lm_head must stay this map's target rows"
+        else:
+            assert torch.equal(v, src["model"][k]), k
+
+    bad = dict(src)
+    bad["model"] = dict(src["model"])
+    bad["model"]["fc.weight"] = torch.zeros(3, 3)
+    torch.save(bad, str(tmp_path / "bad.pt"))
+    with pytest.raises(SystemExit, match="fc.weight has shape"):
+        tr.init_weights(fresh(d2t)[0], str(tmp_path / "bad.pt"), cfg, d2t, torch.device("cpu"))
+    with pytest.raises(SystemExit, match="no loadable checkpoint"):
+        tr.init_weights(fresh(d2t)[0], str(tmp_path), cfg, d2t, torch.device("cpu"))

@@ -368,6 +368,54 @@ def model_card(card):
 
 # ------------------------------------------------------------------ main ---
 
+def init_weights(model, src, cfg, d2t, dev):
+    """Warm start: copy the draft weights of checkpoint `src` (a .pt file, or a run
+    directory whose newest checkpoint is used) into `model`.  Every tensor must
+    match in name and shape (a different target or draft width is refused).
+    lm_head is the exception: it is taken only when the source was trained
+    against the same d2t; otherwise this run keeps its own initialisation (the
+    target's rows of ITS draft vocabulary), since row i means a different
+    token under another map.  The optimiser, step and schedule are not copied."""
+    if os.path.isdir(src):
+        ck, fn = latest_ckpt(src)
+        if ck is None:
+            sys.exit(f"train: --init-from {src}: no loadable checkpoint in {src}/ckpt")
+    else:
+        try:
+            ck, fn = torch.load(src, map_location="cpu", weights_only=False), src
+        except Exception as e:   # noqa: BLE001 - any unreadable file is a refusal
+            sys.exit(f"train: --init-from {src}: cannot load: {e}")
+    sd = ck.get("model") if isinstance(ck, dict) else None
+    if not isinstance(sd, dict):
+        sys.exit(f"train: --init-from {fn}: not a train.py checkpoint (no model state)")
+    own = model.state_dict()
+    src_cfg = ck.get("cfg", {})
+    same_map = False
+    try:
+        src_map = ck["args"]["vocab_map"]
+        src_d2t, _ = load_vocab_map(src_map, cfg.target_vocab_size)
+        same_map = src_d2t.shape == d2t.shape and bool(torch.equal(src_d2t, d2t))
+    except (KeyError, TypeError, OSError, SystemExit, RuntimeError, ValueError):
+        same_map = False
+    load = {}
+    for k, v in sd.items():
+        if k not in own:
+            continue
+        if tuple(v.shape) != tuple(own[k].shape):
+            sys.exit(f"train: --init-from {fn}: {k} has shape {tuple(v.shape)}, this model {tuple(own[k].shape)}"
+                     f" (source cfg {src_cfg})")
+        if k == "lm_head.weight" and not same_map:
+            continue
+        load[k] = v
+    missing = [k for k in own if k not in sd and k != "lm_head.weight"]
+    if missing:
+        sys.exit(f"train: --init-from {fn}: missing {missing}")
+    model.load_state_dict(load, strict=False)
+    model.to(dev)
+    print(f"train: initialised from {fn} (step {ck.get('step')}; {len(load)} tensors"
+          f"{'' if same_map else ', lm_head from this run: another vocab map'})")
+
+
 def lr_at(step, a):
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
@@ -414,6 +462,9 @@ def parse_args(argv=None):
                     help="omit lm_head from the export (only sensible with --freeze-lm-head)")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="seconds of training in this invocation (0: none); then checkpoint and export")
+    ap.add_argument("--init-from", default=None,
+                    help="warm start: a checkpoint file or run directory (its newest checkpoint) whose "
+                         "draft weights start this NEW run (fresh optimiser, step 0, this run's schedule)")
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop (after checkpointing) once this step is reached; for tests")
     return ap.parse_args(argv)
@@ -471,6 +522,8 @@ def main(argv=None):
         opt.load_state_dict(ck["opt"])
         step, cursor, tokens_seen, wall = ck["step"], ck["cursor"], ck["tokens_seen"], ck["wall"]
         torch.set_rng_state(ck["torch_rng"])
+    elif a.init_from:
+        init_weights(model, a.init_from, cfg, d2t, dev)
     n = len(data)
     perm_cache = {}
 
