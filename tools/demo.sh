@@ -23,6 +23,6 @@ curl -s "localhost:$PORT/v1/chat/completions" -H 'Content-Type: application/json
   "messages": [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"}]}'
 echo; echo "--- speculative decoding counters (GET /metrics)"
 curl -s "localhost:$PORT/metrics" | grep -E '^specd_spec_decode_num_(drafts|draft_tokens|accepted_tokens)_total' |
-  tee /dev/stderr | awk '/num_drafts_total/ {d = $2} /num_accepted_tokens_total/ {a = $2}
-    END { if (d > 0) printf "acceptance length (tokens per verify step, bonus included): %.2f\n", 1 + a / d }' 2>&1
+  awk '{print} /num_drafts_total/ {d = $2} /num_accepted_tokens_total/ {a = $2}
+    END { if (d > 0) printf "acceptance length (tokens per verify step, bonus included): %.2f\n", 1 + a / d }'
 if ((KEEP)); then echo "demo: serving on http://127.0.0.1:$PORT (Ctrl-C to stop)"; wait $PID; fi
