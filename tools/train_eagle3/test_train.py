@@ -351,7 +351,7 @@ def test_init_from_warm_starts_a_new_run(runs, tmp_path):
         return Eagle3Train(cfg, embed, lm_target[used].clone()), lm_target[used].clone()
 
     m, _ = fresh(d2t)
-    tr.init_weights(m, a, cfg, d2t, torch.device("cpu"))
+    tr.init_weights(m, a, cfg, d2t)
     for k, v in m.state_dict().items():
         assert torch.equal(v, src["model"][k]), k
 
@@ -366,7 +366,7 @@ def test_init_from_warm_starts_a_new_run(runs, tmp_path):
     save_file({"d2t": used2 - torch.arange(used2.shape[0]), "t2d": t2d2}, other)
     d2t2, _ = tr.load_vocab_map(other, embed.shape[0])
     m2, lm2 = fresh(d2t2)
-    tr.init_weights(m2, a, cfg, d2t2, torch.device("cpu"))
+    tr.init_weights(m2, a, cfg, d2t2)
     for k, v in m2.state_dict().items():
         if k == "lm_head.weight":
             assert torch.equal(v, lm2), "lm_head must stay this map's target rows"
@@ -378,6 +378,6 @@ def test_init_from_warm_starts_a_new_run(runs, tmp_path):
     bad["model"]["fc.weight"] = torch.zeros(3, 3)
     torch.save(bad, str(tmp_path / "bad.pt"))
     with pytest.raises(SystemExit, match="fc.weight has shape"):
-        tr.init_weights(fresh(d2t)[0], str(tmp_path / "bad.pt"), cfg, d2t, torch.device("cpu"))
+        tr.init_weights(fresh(d2t)[0], str(tmp_path / "bad.pt"), cfg, d2t)
     with pytest.raises(SystemExit, match="no loadable checkpoint"):
-        tr.init_weights(fresh(d2t)[0], str(tmp_path), cfg, d2t, torch.device("cpu"))
+        tr.init_weights(fresh(d2t)[0], str(tmp_path), cfg, d2t)

@@ -368,7 +368,7 @@ def model_card(card):
 
 # ------------------------------------------------------------------ main ---
 
-def init_weights(model, src, cfg, d2t, dev):
+def init_weights(model, src, cfg, d2t):
     """Warm start: copy the draft weights of checkpoint `src` (a .pt file, or a run
     directory whose newest checkpoint is used) into `model`.  Every tensor must
     match in name and shape (a different target or draft width is refused).
@@ -410,8 +410,7 @@ def init_weights(model, src, cfg, d2t, dev):
     missing = [k for k in own if k not in sd and k != "lm_head.weight"]
     if missing:
         sys.exit(f"train: --init-from {fn}: missing {missing}")
-    model.load_state_dict(load, strict=False)
-    model.to(dev)
+    model.load_state_dict(load, strict=False)   # copies onto the model's device
     print(f"train: initialised from {fn} (step {ck.get('step')}; {len(load)} tensors"
           f"{'' if same_map else ', lm_head from this run: another vocab map'})")
 
@@ -523,7 +522,7 @@ def main(argv=None):
         step, cursor, tokens_seen, wall = ck["step"], ck["cursor"], ck["tokens_seen"], ck["wall"]
         torch.set_rng_state(ck["torch_rng"])
     elif a.init_from:
-        init_weights(model, a.init_from, cfg, d2t, dev)
+        init_weights(model, a.init_from, cfg, d2t)
     n = len(data)
     perm_cache = {}
 
