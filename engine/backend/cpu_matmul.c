@@ -334,39 +334,79 @@ static const i4dot_fn I4DOT[4] = {i4dot1, i4dot2, i4dot3, i4dot4};
  * (1536 x 576 Q4_1, one thread; tests/perf has the model-level figures). */
 
 
+/* One block, scalar: the definition. */
+static void quant_block_i16(const float *xb, int16_t *X, float *s) {
+    for (int l = 0; l < 8; l++) { /* lane l: columns 2l, 2l+1, 16+2l, 16+2l+1 of the block */
+        const int c[4] = {2 * l, 2 * l + 1, 16 + 2 * l, 17 + 2 * l};
+        float amax = 0;
+        int bad = 0;
+        for (int i = 0; i < 4; i++) {
+            const float a = fabsf(xb[c[i]]);
+            bad |= !isfinite(xb[c[i]]);
+            if (a > amax) amax = a;
+        }
+        if (bad || amax == 0.0f) {
+            for (int i = 0; i < 4; i++) X[c[i]] = 0;
+            s[l] = bad ? NAN : 0.0f;
+            continue;
+        }
+        const float inv = 32767.0f / amax;
+        s[l] = amax / 32767.0f;
+        for (int i = 0; i < 4; i++) {
+            long q = lrintf(xb[c[i]] * inv);
+            X[c[i]] = (int16_t)(q > 32767 ? 32767 : q < -32767 ? -32767 : q);
+        }
+    }
+}
+
+/* One block, AVX2, the same values as quant_block_i16 (max is exact, the
+ * divisions and the product are the same IEEE operations, cvtps rounds to
+ * nearest-even as lrintf does in the default mode); a block with a
+ * non-finite value or an all-zero lane group goes to the scalar code. */
+__attribute__((target("avx2,fma"))) static void quant_block_i16_avx2(const float *xb, int16_t *X, float *s) {
+    const __m256 A = _mm256_loadu_ps(xb), B = _mm256_loadu_ps(xb + 8), C = _mm256_loadu_ps(xb + 16),
+                 D = _mm256_loadu_ps(xb + 24);
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+    const __m256 aA = _mm256_and_ps(A, absm), aB = _mm256_and_ps(B, absm), aC = _mm256_and_ps(C, absm),
+                 aD = _mm256_and_ps(D, absm);
+    const __m256 fin = _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(aA, inf, _CMP_LT_OQ), _mm256_cmp_ps(aB, inf, _CMP_LT_OQ)),
+                                     _mm256_and_ps(_mm256_cmp_ps(aC, inf, _CMP_LT_OQ), _mm256_cmp_ps(aD, inf, _CMP_LT_OQ)));
+    if (_mm256_movemask_ps(fin) != 0xff) { quant_block_i16(xb, X, s); return; }
+    /* E[i] = max(|x_i|, |x_16+i|), F[i] = max(|x_8+i|, |x_24+i|); group l < 4 is max(E[2l], E[2l+1]),
+     * group l >= 4 is max(F[2l-8], F[2l-7]) */
+    __m256 E = _mm256_max_ps(aA, aC), F = _mm256_max_ps(aB, aD);
+    E = _mm256_max_ps(E, _mm256_permute_ps(E, 0xb1));
+    F = _mm256_max_ps(F, _mm256_permute_ps(F, 0xb1));
+    const __m256 G = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(E, F, 0x88)), 0xd8));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(G, _mm256_setzero_ps(), _CMP_EQ_OQ)) != 0) { quant_block_i16(xb, X, s); return; }
+    const __m256 k = _mm256_set1_ps(32767.0f), inv = _mm256_div_ps(k, G);
+    _mm256_storeu_ps(s, _mm256_div_ps(G, k));
+    const __m256 invlo = _mm256_permutevar8x32_ps(inv, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
+                 invhi = _mm256_permutevar8x32_ps(inv, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+    const __m256i lo = _mm256_set1_epi32(-32767), hi = _mm256_set1_epi32(32767);
+#define QCLAMP(v, iv) _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, iv)), lo), hi)
+    const __m256i qA = QCLAMP(A, invlo), qB = QCLAMP(B, invhi), qC = QCLAMP(C, invlo), qD = QCLAMP(D, invhi);
+#undef QCLAMP
+    _mm256_storeu_si256((__m256i *)(void *)X, _mm256_permute4x64_epi64(_mm256_packs_epi32(qA, qB), 0xd8));
+    _mm256_storeu_si256((__m256i *)(void *)(X + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(qC, qD), 0xd8));
+}
+
 /* Quantizes one activation row x[cols] (cols % 32 == 0): block b's 32 int16
  * values go to X + b * ldX, its 8 lane-group scales to s + b * lds, its sum
  * to sum[b]. A group holding Inf/NaN gets s = NaN so the dot is NaN, as the
  * f32 dot would be. Strides (32, 8) give the per-token layout; the AVX2 dots
  * use the token-group layout (see xq_rows). */
 static void quant_row_i16(const float *x, int64_t cols, int16_t *X, size_t ldX, float *s, size_t lds, float *sum) {
-    for (int64_t b = 0; b < cols / 32; b++, X += ldX, s += lds) {
-        const float *xb = x + b * 32;
-        float acc = 0;
-        for (int i = 0; i < 32; i++) acc += xb[i];
-        sum[b] = acc;
-        for (int l = 0; l < 8; l++) { /* lane l: columns 2l, 2l+1, 16+2l, 16+2l+1 of the block */
-            const int c[4] = {2 * l, 2 * l + 1, 16 + 2 * l, 17 + 2 * l};
-            float amax = 0;
-            int bad = 0;
-            for (int i = 0; i < 4; i++) {
-                const float a = fabsf(xb[c[i]]);
-                bad |= !isfinite(xb[c[i]]);
-                if (a > amax) amax = a;
-            }
-            if (bad || amax == 0.0f) {
-                for (int i = 0; i < 4; i++) X[c[i]] = 0;
-                s[l] = bad ? NAN : 0.0f;
-                continue;
-            }
-            const float inv = 32767.0f / amax;
-            s[l] = amax / 32767.0f;
-            for (int i = 0; i < 4; i++) {
-                long q = lrintf(xb[c[i]] * inv);
-                X[c[i]] = (int16_t)(q > 32767 ? 32767 : q < -32767 ? -32767 : q);
-            }
-        }
+    const int64_t nb = cols / 32;
+    /* block sums, each in column order (the m-term's definition), eight blocks' chains interleaved */
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int n = nb - b0 < 8 ? (int)(nb - b0) : 8;
+        float acc[8] = {0};
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < n; j++) acc[j] += x[(b0 + j) * 32 + i];
+        for (int j = 0; j < n; j++) sum[b0 + j] = acc[j];
     }
+    for (int64_t b = 0; b < nb; b++, X += ldX, s += lds) quant_block_i16_avx2(x + b * 32, X, s);
 }
 
 #define IDOT_BLOCK(K, NT, b, acc)                                                                                  \
