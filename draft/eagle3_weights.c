@@ -330,11 +330,11 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     eagle3_config_inv_freq(c, h->inv_freq);
     if (alloc_kv(h, o, err) < 0) goto fail;
     LOG_INFO("eagle3 head %s: %s layout, hidden %d (target %d), heads %d/%d x %d, ffn %d, rope_theta %g%s, "
-             "norm_before_residual %s, aux layers {%d, %d, %d} (input convention), draft KV %d blocks x %d",
+             "norm_before_residual %s, aux layers {%d, %d, %d} (input convention), draft KV %d blocks x %d%s",
              dir, eagle3_layout_name(c->layout), c->hidden, c->target_hidden, c->n_heads, c->n_kv_heads, c->head_dim,
              c->ffn, (double)c->rope_theta, c->rope_theta_defaulted ? " (default)" : "",
              c->norm_before_residual ? "true" : "false", h->aux_layers[0], n > 1 ? h->aux_layers[1] : -1,
-             n > 2 ? h->aux_layers[2] : -1, h->n_blocks, h->block_size);
+             n > 2 ? h->aux_layers[2] : -1, h->n_blocks, h->block_size, o && o->q8_0 ? ", matrices re-quantized to Q8_0" : "");
     *out = h;
     return 0;
 fail:

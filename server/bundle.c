@@ -120,13 +120,17 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
             specd_err_wrap(err, "--draft-aux-convention");
             goto fail;
         }
+        eo.q8_0 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
         }
         LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
-    } else if (cfg->draft_aux_convention && strcmp(cfg->draft_aux_convention, "auto")) {
-        LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
+    } else {
+        if (cfg->draft_aux_convention && strcmp(cfg->draft_aux_convention, "auto"))
+            LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
+        if (cfg->draft_quantization && strcmp(cfg->draft_quantization, "none"))
+            LOG_WARN("--draft-quantization %s has no effect without a draft", cfg->draft_quantization);
     }
     engine_config ec = {.max_model_len = b->max_model_len,
                         .max_num_seqs = cfg->max_num_seqs,

@@ -66,6 +66,9 @@ const cfg_option specd_serve_options[] = {
     {"draft-aux-convention", CFG_STR, "auto", NOB, OFF(draft_aux_convention), CFG_ENGINE, "auto|input|output",
      "how the head's explicit aux layer ids are read: input = residual entering layer i (vLLM), output = leaving "
      "layer i (SGLang/SpecForge eagle_config), auto = by the key's place (docs/draft.md)"},
+    {"draft-quantization", CFG_STR, "none", NOB, OFF(draft_quantization), CFG_ENGINE, "none|q8_0",
+     "re-quantize the draft head's bf16/f16 matrices at load: q8_0 = ggml Q8_0 blocks (less memory traffic and the "
+     "integer kernels on the CPU; docs/draft.md has its speed and acceptance)"},
     {"check-config", CFG_BOOL, "false", NOB, OFF(check_config), CFG_NOENV, NULL,
      "validate flags, files and the model/draft pairing, then exit without serving"},
     {"log-level", CFG_STR, "info", NOB, OFF(log_level), CFG_ENGINE, "debug|info|warn|error", "log verbosity"},

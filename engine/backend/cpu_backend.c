@@ -182,7 +182,8 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
     const attn_job *j = va;
     const bk_kv_layer *kv = j->kv;
     const bk_attn_meta *m = j->m;
-    const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
+    const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads, bs = kv->block_size;
+    const size_t row = (size_t)kv->n_kv_heads * (size_t)hd; /* floats per KV slot */
     float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
     if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
     for (int64_t it = i0; it < i1; it++) {
@@ -190,9 +191,12 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
         const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
         const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
         float mx = -INFINITY;
-        for (int32_t p = 0; p < len; p++) {
+        /* positions walked block by block: one block-table read per block, no division per position */
+        const float *kb = NULL;
+        for (int32_t p = 0, slot = bs; p < len; p++, slot++) {
+            if (slot == bs) kb = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd, slot = 0;
             if (attn_masked(m, t, seq, p)) { s[p] = -INFINITY; continue; }
-            const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            const float *kp = kb + (size_t)slot * row;
             __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
             int32_t i = 0;
             for (; i + 16 <= hd; i += 16) {
@@ -209,9 +213,11 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
             const int32_t nr = (hd - c0 < 64 ? hd - c0 : 64) / 8;
             __m256 acc[8];
             for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            for (int32_t p = 0; p < len; p++) {
+            const float *vb = NULL;
+            for (int32_t p = 0, slot = bs; p < len; p++, slot++) {
+                if (slot == bs) vb = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0, slot = 0;
                 if (s[p] == 0.0f) continue;
-                const float *vp = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0;
+                const float *vp = vb + (size_t)slot * row;
                 const __m256 w = _mm256_set1_ps(s[p]);
                 for (int r = 0; r < nr; r++) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8 * r), acc[r]);
             }

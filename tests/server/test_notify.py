@@ -68,6 +68,10 @@ def check_config():
             assert r.returncode == 0 and b"aux layers {2, 15, 27} (input convention)" in r.stderr, r.stderr.decode()
             r = run(MODEL, "--draft", d, "--draft-aux-convention", "sideways")
             assert r.returncode == 1 and b"draft-aux-convention" in r.stderr, r.stderr.decode()
+            r = run(MODEL, "--draft", d, "--draft-quantization", "q8_0")
+            assert r.returncode == 0, r.stderr.decode()
+            r = run(MODEL, "--draft", d, "--draft-quantization", "q4_0")
+            assert r.returncode == 1 and b"--draft-quantization must be one of none|q8_0" in r.stderr, r.stderr.decode()
             cfg_path = os.path.join(d, "config.json")
             with open(cfg_path) as f:
                 text = f.read()

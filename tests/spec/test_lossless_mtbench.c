@@ -25,6 +25,8 @@
  *     acceptance length at k = 3 must reach TRAINED_HEAD_MIN_TAU_K3 (env
  *     SPECD_SPEC_MIN_TAU overrides). Real acceptance exercises multi-token
  *     accepted blocks, stops inside them and the draft's extend after them.
+ *   - the trained head again with its matrices re-quantized to Q8_0 at load
+ *     (--draft-quantization q8_0), k = 3 only: lossless and above the floor.
  * One engine per head, prefix caching ON (the realistic server setting; the
  * proposer is then fed cached features on hits), max_num_seqs 8, k chosen
  * per request (sampling_params.num_speculative_tokens).
@@ -383,22 +385,24 @@ static double report(const char *head, int32_t k, const char *mode, const engine
     return tau;
 }
 
-/* All prompts with one head: for k = 1, 3, 5, one at a time then all at once
- * (8 running). Returns tau at k = 3 (concurrent pass). */
-static double run_head(const char *dir, const char *name) {
+/* All prompts with one head: for each k in ks, one at a time then all at
+ * once (8 running). q8_0: the head's matrices re-quantized at load
+ * (eagle3_opts.q8_0, serve --draft-quantization q8_0). Returns tau at k = 3
+ * (concurrent pass). */
+static double run_head(const char *dir, const char *name, bool q8_0, const int32_t *ks, int nks) {
     spec_proposer *prop = NULL;
     specd_err err = {{0}};
-    if (eagle3_load(dir, g_model, NULL, &prop, &err) != 0) fail_msg("eagle3_load %s: %s", dir, err.msg);
+    eagle3_opts eo = {.q8_0 = q8_0};
+    if (eagle3_load(dir, g_model, &eo, &prop, &err) != 0) fail_msg("eagle3_load %s: %s", dir, err.msg);
     engine_config cfg = {.max_model_len = g_max_len, .max_num_seqs = CONC, .max_num_batched_tokens = 512,
                          .max_waiting = 256, .enable_prefix_caching = true, .num_speculative_tokens = 5};
     engine *e = NULL;
     if (engine_create(&cfg, g_model, g_tok, &e, &err) != 0) fail_msg("engine_create: %s", err.msg);
     if (engine_set_proposer(e, prop, &err) != 0) fail_msg("engine_set_proposer: %s", err.msg);
     if (engine_start(e, &err) != 0) fail_msg("engine_start: %s", err.msg);
-    static const int32_t ks[3] = {1, 3, 5};
     double tau3 = 0;
     engine_stream **s = calloc((size_t)g_np, sizeof *s);
-    for (int ki = 0; ki < 3; ki++) {
+    for (int ki = 0; ki < nks; ki++) {
         int32_t k = ks[ki];
         engine_stats a, b;
         engine_get_stats(e, &a);
@@ -424,13 +428,15 @@ static double run_head(const char *dir, const char *name) {
     return tau3;
 }
 
+static const int32_t KS[3] = {1, 3, 5};
+
 static void test_random_head(void **state) {
     (void)state;
     if (getenv("SPECD_SPEC_RANDOM") && atoi(getenv("SPECD_SPEC_RANDOM")) == 0) {
         printf("random head: not run (SPECD_SPEC_RANDOM=0)\n");
         skip();
     }
-    run_head(g_rand_head, "random");
+    run_head(g_rand_head, "random", false, KS, 3);
 }
 
 static void test_trained_head(void **state) {
@@ -439,15 +445,32 @@ static void test_trained_head(void **state) {
         printf("trained head: draft/heads/smollm2-135m-eagle3 not present (SPECD_SPEC_TRAINED_HEAD unset); not run\n");
         skip();
     }
-    double tau3 = run_head(g_trained_head, "trained");
+    double tau3 = run_head(g_trained_head, "trained", false, KS, 3);
     double floor = getenv("SPECD_SPEC_MIN_TAU") ? atof(getenv("SPECD_SPEC_MIN_TAU")) : TRAINED_HEAD_MIN_TAU_K3;
     if (floor > 0 && tau3 < floor) fail_msg("trained head: acceptance length %.3f at k=3 is below the floor %.3f", tau3, floor);
+}
+
+/* The trained head with its matrices re-quantized to Q8_0 at load: still
+ * lossless (k = 3, serial and concurrent), and its drafts still good enough
+ * to clear the same floor (a broken re-quantization accepts ~nothing). */
+static void test_trained_head_q8_0(void **state) {
+    (void)state;
+    if (!g_trained_head[0]) {
+        printf("trained head (q8_0): draft/heads/smollm2-135m-eagle3 not present; not run\n");
+        skip();
+    }
+    static const int32_t k3[1] = {3};
+    double tau3 = run_head(g_trained_head, "trained-q8_0", true, k3, 1);
+    double floor = getenv("SPECD_SPEC_MIN_TAU") ? atof(getenv("SPECD_SPEC_MIN_TAU")) : TRAINED_HEAD_MIN_TAU_K3;
+    if (floor > 0 && tau3 < floor)
+        fail_msg("trained head, q8_0: acceptance length %.3f at k=3 is below the floor %.3f", tau3, floor);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_head),
         cmocka_unit_test(test_trained_head),
+        cmocka_unit_test(test_trained_head_q8_0),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
