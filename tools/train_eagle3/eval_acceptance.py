@@ -10,7 +10,10 @@ Time split (server-side, engine thread): target forward ms per engine step
 (prefill steps included: amortised); with drafts, target forward ms per
 verify step, draft ms per verify step for proposing the k drafts, and the
 draft model's whole time (propose + extend, prompts included) per verify
-step.
+step. mean_tpot_ms / mean_ttft_ms (server histograms): decode-only and
+prefill-side latency per request; at concurrency 1 the TPOT ratio is the
+decode-only speed-up, output_tok_s the end-to-end one (prefill included).
+--draft-quantization q8_0 serves the head re-quantized (serve flag).
 Stdlib only.
 
 Usage: eval_acceptance.py --head DIR [--model GGUF] [--set gsm8k_test|mt_bench] [--n 200]
@@ -79,6 +82,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out")
+    ap.add_argument("--draft-quantization", default="none", choices=["none", "q8_0"],
+                    help="passed to specd serve with the draft (k > 0)")
     a = ap.parse_args()
     qs = questions(a.set, a.n)
     results = []
@@ -88,7 +93,7 @@ def main():
         cmd = [a.binary, "serve", a.model, "--port", str(port), "--served-model-name", "m",
                "--threads", str(a.threads), "--kv-cache-memory", "512M"]
         if k > 0:
-            cmd += ["--draft", a.head, "--num-speculative-tokens", str(k)]
+            cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
         srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(600):
@@ -111,6 +116,12 @@ def main():
                               d("specd_spec_decode_num_accepted_tokens_total"))
         r = {"k": k, "requests": len(qs), "completion_tokens": toks, "seconds": round(dt, 2),
              "output_tok_s": round(toks / dt, 2)}
+        # mean time per output token after the first (server-side, per request; TTFT = prefill + queue excluded)
+        n_tpot = d("specd_time_per_output_token_seconds_count")
+        if n_tpot > 0:
+            r["mean_tpot_ms"] = round(1e3 * d("specd_time_per_output_token_seconds_sum") / n_tpot, 2)
+            r["mean_ttft_ms"] = round(1e3 * d("specd_time_to_first_token_seconds_sum") /
+                                      max(1, d("specd_time_to_first_token_seconds_count")), 1)
         steps, fwd = d("specd_engine_steps_total"), d("specd_model_forward_seconds_total")
         vsteps = d("specd_spec_decode_verify_steps_total")
         if steps > 0:  # time split: mean target forward per engine step; with drafts, per verify step
