@@ -73,6 +73,7 @@ typedef struct eagle3_opts {
     int32_t max_rows;      /* rows per draft forward call (long prefills are chunked); <= 0: 512 */
     bool argmax_drafts;    /* true: argmax drafts with one-hot q even at temperature > 0 */
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
+    const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
     uint64_t seed;         /* draft sampling RNG seed */
 } eagle3_opts;
 
@@ -81,6 +82,12 @@ typedef struct eagle3_opts {
  * (defaults). Returns 0, or -1 with err. */
 int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err);
 void eagle3_destroy(spec_proposer *p); /* NULL ok */
+
+/* Checks that PATH is a usable hot vocabulary (eagle3_opts.hot_vocab) for a
+ * target of TARGET_VOCAB ids: a readable vocab map with d2t int64 [n],
+ * 1 <= n <= TARGET_VOCAB, every i + d2t[i] inside the target (serve
+ * --check-config). Returns 0, or -1 with err. */
+int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *err);
 
 /* "auto" | "input" | "output" -> convention; -1 with err otherwise. */
 int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err);

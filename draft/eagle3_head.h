@@ -42,6 +42,11 @@ typedef struct eagle3_head_opts {
     bool q8_0;                 /* re-quantize bf16/f16/f32 matrices (fc, q/k/v/o, MLP, lm_head) to
                                   ggml Q8_0 at load: about half the bytes read per draft step on CPU,
                                   logits within ~1e-2 of max|logit| (tests/draft/test_draft_forward.c) */
+    const char *hot_vocab;     /* NULL, or a vocab map (a `specd vocab build` output directory or its
+                                  .safetensors: d2t I64 [n], target id = i + d2t[i]): the draft then
+                                  scores only its ids whose target id is in that set (FR-Spec, Zhao et
+                                  al. 2025; SGLang's speculative_token_map): the lm_head is cut to those
+                                  rows at load. Drafts are still verified: lossless either way. */
 } eagle3_head_opts;
 
 typedef struct eagle3_head eagle3_head;
@@ -55,8 +60,10 @@ void eagle3_head_destroy(eagle3_head *h); /* NULL ok */
 
 const eagle3_config *eagle3_head_config(const eagle3_head *h);
 const eagle3_vocab_info *eagle3_head_vocab(const eagle3_head *h);
-/* used[Vd]: draft id -> target id (i + d2t[i]). */
+/* used[n]: row i of the draft logits -> target id; n = eagle3_head_n_scored(h):
+ * the draft vocab (i + d2t[i]), or its hot subset (opts.hot_vocab), in draft-id order. */
 const int64_t *eagle3_head_used(const eagle3_head *h);
+int32_t eagle3_head_n_scored(const eagle3_head *h);
 /* Target layers (input convention) the head needs, written to out (<= 8). */
 int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out);
 int32_t eagle3_head_n_aux(const eagle3_head *h);
@@ -90,7 +97,7 @@ typedef struct eagle3_rows {
 } eagle3_rows;
 int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *h_out, specd_err *err);
 
-/* Step 7: logits[n, Vd] = lm_head(norm(hid[n, H])). */
+/* Step 7: logits[n, Vs] = lm_head(norm(hid[n, H])), Vs = eagle3_head_n_scored(h). */
 int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, specd_err *err);
 
 /* ---- draft token choice (used by the proposer; exposed for its tests) */

@@ -416,14 +416,16 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
                        mc->vocab, mc->n_layers};
     eagle3_head_opts ho = {P->opts.aux_ids_convention, model_kv_block_size(target),
-                           P->opts.n_blocks > 0 ? P->opts.n_blocks : model_kv_n_blocks(target) + 256, P->opts.q8_0};
+                           P->opts.n_blocks > 0 ? P->opts.n_blocks : model_kv_n_blocks(target) + 256, P->opts.q8_0,
+                           P->opts.hot_vocab};
     if (eagle3_head_load(dir, &t, &ho, &P->head, err) < 0) {
         free(P);
         return -1;
     }
     P->featw = eagle3_head_n_aux(P->head) * mc->hidden;
     P->H = eagle3_head_config(P->head)->hidden;
-    P->Vd = eagle3_head_config(P->head)->draft_vocab;
+    P->Vd = eagle3_head_n_scored(P->head); /* rows of the draft logits: the draft vocab or its hot subset */
+    P->opts.hot_vocab = NULL;              /* not owned past load */
     P->Vt = mc->vocab;
     uint64_t x = P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL;
     for (int i = 0; i < 4; i++) { /* splitmix64 seeding */

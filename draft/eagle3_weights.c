@@ -179,6 +179,88 @@ static int gather_lm_head(eagle3_head *h, specd_err *err) {
     return 0;
 }
 
+/* Reads the vocab map at PATH into hot[Vt] (1 = its target id is in the map);
+ * *n_ids = the map's length. The caller frees *hot_out. */
+static int read_hot(const char *path, int64_t Vt, uint8_t **hot_out, int64_t *n_ids, specd_err *err) {
+    *hot_out = NULL;
+    st_model *m = NULL;
+    if (st_open(path, &m, err) < 0) return specd_err_wrap(err, "hot vocabulary %s", path);
+    const st_tensor *t = st_find(m, "d2t");
+    int rc = 0;
+    uint8_t *hot = NULL;
+    if (!t || t->dtype != ST_I64 || t->n_dims != 1 || t->shape[0] < 1 || t->shape[0] > Vt) {
+        rc = specd_err_set(err, "hot vocabulary %s: needs d2t, int64 [n] with 1 <= n <= %lld (a `specd vocab build` map)",
+                           path, (long long)Vt);
+        goto done;
+    }
+    hot = calloc((size_t)Vt, 1);
+    if (!hot) { rc = specd_err_set(err, "out of memory"); goto done; }
+    for (int64_t i = 0; i < t->shape[0]; i++) {
+        int64_t off;
+        memcpy(&off, (const char *)t->data + 8 * (size_t)i, 8);
+        if (off < -i || off >= Vt - i) {
+            rc = specd_err_set(err, "hot vocabulary %s: d2t[%lld] = %lld maps outside the target vocabulary %lld", path,
+                               (long long)i, (long long)off, (long long)Vt);
+            goto done;
+        }
+        hot[i + off] = 1;
+    }
+    *n_ids = t->shape[0];
+done:
+    st_close(m);
+    if (rc) free(hot);
+    else *hot_out = hot;
+    return rc;
+}
+
+int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *err) {
+    uint8_t *hot = NULL;
+    int64_t n = 0;
+    int rc = read_hot(path, target_vocab, &hot, &n, err);
+    free(hot);
+    return rc;
+}
+
+/* Cuts lm_head and used[] to the draft ids whose target id is in the vocab
+ * map at PATH (eagle3_head_opts.hot_vocab), keeping draft-id order. */
+static int prune_to_hot(eagle3_head *h, const char *path, specd_err *err) {
+    const int64_t Vt = h->tgt.vocab, Vd = h->lm_head.rows;
+    uint8_t *hot = NULL;
+    int64_t n_ids = 0;
+    if (read_hot(path, Vt, &hot, &n_ids, err) < 0) return -1;
+    int rc = 0;
+    int64_t kept = 0, distinct = 0;
+    for (int64_t d = 0; d < Vd; d++) kept += hot[h->used[d]];
+    for (int64_t i = 0; i < Vt; i++) distinct += hot[i];
+    if (kept == 0) {
+        rc = specd_err_set(err, "hot vocabulary %s: none of its %lld ids is in the head's draft vocabulary", path,
+                           (long long)n_ids);
+        goto done;
+    }
+    const bk_weight src = h->lm_head;
+    const size_t sc_row = src.scales ? (size_t)(src.cols / 32) : 0;
+    char *rows = head_own(h, src.row_bytes * (size_t)kept);
+    uint16_t *sc = sc_row ? head_own(h, sizeof(uint16_t) * sc_row * (size_t)kept) : NULL;
+    int64_t *used = head_own(h, sizeof(int64_t) * (size_t)kept);
+    if (!rows || !used || (sc_row && !sc)) { rc = specd_err_set(err, "out of memory"); goto done; }
+    for (int64_t d = 0, j = 0; d < Vd; d++) {
+        if (!hot[h->used[d]]) continue;
+        memcpy(rows + src.row_bytes * (size_t)j, (const char *)src.data + src.row_bytes * (size_t)d, src.row_bytes);
+        if (sc_row) memcpy(sc + sc_row * (size_t)j, (const uint16_t *)src.scales + sc_row * (size_t)d, 2 * sc_row);
+        used[j++] = h->used[d];
+    }
+    LOG_INFO("eagle3: hot vocabulary %s: the draft scores %lld of its %lld ids (%lld of the map's %lld ids are outside "
+             "the draft vocabulary)", path, (long long)kept, (long long)Vd, (long long)(distinct - kept),
+             (long long)distinct);
+    h->lm_head.rows = kept;
+    h->lm_head.data = rows;
+    h->lm_head.scales = sc;
+    h->used = used;
+done:
+    free(hot);
+    return rc;
+}
+
 static int load_tensors(eagle3_head *h, specd_err *err) {
     const eagle3_config *c = &h->cfg;
     const int64_t H = c->hidden, Ht = c->target_hidden, qd = (int64_t)c->n_heads * c->head_dim,
@@ -320,6 +402,7 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     int32_t n = eagle3_config_aux_layers(c, t->n_layers, o ? o->aux_ids_convention : EAGLE3_AUX_AUTO, h->n_aux,
                                          h->aux_layers, err);
     if (n < 0) goto fail;
+    if (o && o->hot_vocab && prune_to_hot(h, o->hot_vocab, err) < 0) goto fail;
     if (o && o->q8_0) {
         bk_weight *mats[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->wgate, &h->wup, &h->wdown, &h->lm_head};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
@@ -358,6 +441,7 @@ void eagle3_head_destroy(eagle3_head *h) {
 const eagle3_config *eagle3_head_config(const eagle3_head *h) { return &h->cfg; }
 const eagle3_vocab_info *eagle3_head_vocab(const eagle3_head *h) { return &h->vocab; }
 const int64_t *eagle3_head_used(const eagle3_head *h) { return h->used; }
+int32_t eagle3_head_n_scored(const eagle3_head *h) { return (int32_t)h->lm_head.rows; }
 int32_t eagle3_head_n_aux(const eagle3_head *h) { return h->n_aux; }
 int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
     memcpy(out, h->aux_layers, sizeof(int32_t) * (size_t)h->n_aux);

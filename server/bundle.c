@@ -121,6 +121,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
             goto fail;
         }
         eo.q8_0 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
+        eo.hot_vocab = cfg->speculative_token_map;
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
@@ -131,6 +132,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
             LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
         if (cfg->draft_quantization && strcmp(cfg->draft_quantization, "none"))
             LOG_WARN("--draft-quantization %s has no effect without a draft", cfg->draft_quantization);
+        if (cfg->speculative_token_map)
+            LOG_WARN("--speculative-token-map %s has no effect without a draft", cfg->speculative_token_map);
     }
     engine_config ec = {.max_model_len = b->max_model_len,
                         .max_num_seqs = cfg->max_num_seqs,
@@ -204,6 +207,10 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
         if (ec.target_vocab != tok_vocab_size(b.tok)) {
             specd_err_set(err, "draft %s expects a target vocabulary of %d tokens, the model has %d", spec.model,
                           ec.target_vocab, tok_vocab_size(b.tok));
+            goto done;
+        }
+        if (cfg->speculative_token_map && eagle3_hot_vocab_check(cfg->speculative_token_map, tok_vocab_size(b.tok), err)) {
+            specd_err_wrap(err, "--speculative-token-map");
             goto done;
         }
         if (b.tok_gguf) {

@@ -69,6 +69,9 @@ const cfg_option specd_serve_options[] = {
     {"draft-quantization", CFG_STR, "none", NOB, OFF(draft_quantization), CFG_ENGINE, "none|q8_0",
      "re-quantize the draft head's bf16/f16 matrices at load: q8_0 = ggml Q8_0 blocks (less memory traffic and the "
      "integer kernels on the CPU; docs/draft.md has its speed and acceptance)"},
+    {"speculative-token-map", CFG_STR, NULL, NOB, OFF(speculative_token_map), CFG_ENGINE, NULL,
+     "hot draft vocabulary (FR-Spec; SGLang's name): a `specd vocab build` map (directory or .safetensors); the draft "
+     "scores only its ids that are in it (smaller draft lm_head; still lossless; docs/draft.md)"},
     {"check-config", CFG_BOOL, "false", NOB, OFF(check_config), CFG_NOENV, NULL,
      "validate flags, files and the model/draft pairing, then exit without serving"},
     {"log-level", CFG_STR, "info", NOB, OFF(log_level), CFG_ENGINE, "debug|info|warn|error", "log verbosity"},

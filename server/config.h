@@ -98,6 +98,7 @@ typedef struct specd_config {
     int32_t num_speculative_tokens; /* -1 = from --speculative-config or 3 */
     char *draft_aux_convention; /* "auto" | "input" | "output": how the head's explicit aux layer ids are read */
     char *draft_quantization;   /* "none" | "q8_0": re-quantize the head's float matrices at load (eagle3_opts.q8_0) */
+    char *speculative_token_map; /* NULL or a vocab map: the draft's hot vocabulary (eagle3_opts.hot_vocab) */
     bool check_config;
     char *log_level;
 } specd_config;

@@ -9,7 +9,9 @@
  *   target_hidden_size not the target's, aux ids outside the target, a second
  *   decoder layer (multi-layer drafts are not implemented).
  * The unmodified head loads (control), and with lm_head removed it loads with
- * the target's rows gathered through d2t.
+ * the target's rows gathered through d2t. A hot vocabulary (eagle3_head_opts
+ * .hot_vocab, serve --speculative-token-map) cuts the draft's logits to its
+ * ids, bit-identical to the full head's rows; bad maps are refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -100,7 +103,7 @@ static void make_variant(fault f, const char *from, const char *to, char *dir) {
 static int try_load(const char *dir, specd_err *err, eagle3_head **out) {
     const model_config *mc = model_get_config(g_model);
     eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
-    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, NULL};
     return eagle3_head_load(dir, &t, &o, out, err);
 }
 
@@ -151,6 +154,100 @@ static void test_aux_ids_out_of_range(void **state) {
            "\"eagle_aux_hidden_state_layer_ids\": [2, 15, 30]", "outside the 30-layer target");
 }
 
+/* Writes a vocab map (d2t only, as `specd vocab build` writes it: target id =
+ * i + d2t[i], ascending) holding the n target ids ids[] into a new directory. */
+static void write_map(const int64_t *ids, int64_t n, char *dir) {
+    strcpy(dir, "/tmp/specd_hot_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    int64_t *d2t = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d2t[i] = ids[i] - i;
+    const int64_t shape[1] = {n};
+    st_write_tensor w = {"d2t", ST_I64, 1, shape, d2t};
+    char p[256];
+    snprintf(p, sizeof p, "%s/vocab_map.safetensors", dir);
+    specd_err err = {{0}};
+    assert_int_equal(st_write(p, &w, 1, NULL, &err), 0);
+    free(d2t);
+}
+
+static void rm_map(const char *dir) {
+    char p[256];
+    snprintf(p, sizeof p, "%s/vocab_map.safetensors", dir);
+    assert_int_equal(remove(p), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+static int load_hot(const char *dir, const char *hot, specd_err *err, eagle3_head **out) {
+    const model_config *mc = model_get_config(g_model);
+    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, hot};
+    return eagle3_head_load(dir, &t, &o, out, err);
+}
+
+/* --speculative-token-map: the draft scores only the hot ids, in draft-id
+ * order, with the very same logits as the full head at those rows; a map
+ * pointing outside the target, or sharing no id with the head, is refused. */
+static void hot_case(fault f) {
+    char dir[64], map[64];
+    make_variant(f, NULL, NULL, dir);
+    specd_err err = {{0}};
+    eagle3_head *full = NULL, *hot = NULL;
+    assert_int_equal(try_load(dir, &err, &full), 0);
+    const int32_t Vd = eagle3_head_n_scored(full), Vt = model_get_config(g_model)->vocab, H = eagle3_head_config(full)->hidden;
+    assert_int_equal(Vd, 32000);
+    const int64_t *used = eagle3_head_used(full);
+    /* hot set: every third draft id's target id, plus every target id >= 49000 the head lacks */
+    uint8_t *in_draft = calloc((size_t)Vt, 1), *want = calloc((size_t)Vt, 1);
+    for (int32_t d = 0; d < Vd; d++) in_draft[used[d]] = 1;
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)Vt), n = 0, n_expect = 0, n_outside = 0;
+    for (int32_t d = 0; d < Vd; d += 3) want[used[d]] = 1, n_expect++;
+    for (int64_t t = 49000; t < Vt; t++)
+        if (!in_draft[t]) want[t] = 1, n_outside++;
+    assert_true(n_outside > 0);
+    for (int64_t t = 0; t < Vt; t++)
+        if (want[t]) ids[n++] = t;
+    write_map(ids, n, map);
+    if (load_hot(dir, map, &err, &hot)) fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(hot);
+    assert_int_equal(eagle3_head_n_scored(hot), n_expect);
+    const int64_t *hused = eagle3_head_used(hot);
+    for (int64_t j = 0; j < n_expect; j++) assert_int_equal(hused[j], used[3 * j]);
+    float *x = malloc(sizeof(float) * 2 * (size_t)H), *lf = malloc(sizeof(float) * 2 * (size_t)Vd),
+          *lh = malloc(sizeof(float) * 2 * (size_t)n_expect);
+    for (int32_t i = 0; i < 2 * H; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    assert_int_equal(eagle3_logits(full, x, 2, lf, &err), 0);
+    assert_int_equal(eagle3_logits(hot, x, 2, lh, &err), 0);
+    for (int r = 0; r < 2; r++)
+        for (int64_t j = 0; j < n_expect; j++)
+            assert_memory_equal(&lh[r * n_expect + j], &lf[(size_t)r * Vd + 3 * (size_t)j], sizeof(float));
+    eagle3_head_destroy(hot);
+    rm_map(map);
+    /* no overlap: only the ids the head lacks */
+    n = 0;
+    for (int64_t t = 49000; t < Vt; t++)
+        if (!in_draft[t]) ids[n++] = t;
+    write_map(ids, n, map);
+    hot = NULL;
+    assert_int_equal(load_hot(dir, map, &err, &hot), -1);
+    assert_non_null(strstr(err.msg, "none of its"));
+    assert_null(hot);
+    rm_map(map);
+    /* an id past the target vocabulary */
+    ids[0] = 7, ids[1] = Vt + 5;
+    write_map(ids, 2, map);
+    assert_int_equal(load_hot(dir, map, &err, &hot), -1);
+    assert_non_null(strstr(err.msg, "maps outside the target vocabulary"));
+    rm_map(map);
+    /* no such file */
+    assert_int_equal(load_hot(dir, "/nonexistent/vocab_map", &err, &hot), -1);
+    assert_non_null(strstr(err.msg, "hot vocabulary /nonexistent/vocab_map"));
+    free(in_draft), free(want), free(ids), free(x), free(lf), free(lh);
+    eagle3_head_destroy(full);
+    dt_rm_head(dir);
+}
+static void test_hot_vocab_head_lm(void **state) { (void)state; hot_case(F_NONE); }
+static void test_hot_vocab_target_rows(void **state) { (void)state; hot_case(F_DROP_LM); }
+
 int main(void) {
     g_be = bk_cpu_create(0);
     g_model = dt_model(g_be, 4);
@@ -161,7 +258,8 @@ int main(void) {
         cmocka_unit_test(test_control_loads), cmocka_unit_test(test_no_d2t),    cmocka_unit_test(test_absolute_d2t),
         cmocka_unit_test(test_t2d_inconsistent), cmocka_unit_test(test_bad_shape), cmocka_unit_test(test_no_fc),
         cmocka_unit_test(test_target_hidden),  cmocka_unit_test(test_aux_ids_out_of_range),
-        cmocka_unit_test(test_two_layers),
+        cmocka_unit_test(test_two_layers),     cmocka_unit_test(test_hot_vocab_head_lm),
+        cmocka_unit_test(test_hot_vocab_target_rows),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dt_rm_head(g_src);

@@ -13,7 +13,8 @@ draft model's whole time (propose + extend, prompts included) per verify
 step. mean_tpot_ms / mean_ttft_ms (server histograms): decode-only and
 prefill-side latency per request; at concurrency 1 the TPOT ratio is the
 decode-only speed-up, output_tok_s the end-to-end one (prefill included).
---draft-quantization q8_0 serves the head re-quantized (serve flag).
+--draft-quantization q8_0 serves the head re-quantized, --speculative-token-map
+MAP with a hot draft vocabulary (serve flags).
 Stdlib only.
 
 Usage: eval_acceptance.py --head DIR [--model GGUF] [--set gsm8k_test|mt_bench] [--n 200]
@@ -84,6 +85,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--draft-quantization", default="none", choices=["none", "q8_0"],
                     help="passed to specd serve with the draft (k > 0)")
+    ap.add_argument("--speculative-token-map", help="passed to specd serve with the draft (k > 0): hot draft vocabulary")
     a = ap.parse_args()
     qs = questions(a.set, a.n)
     results = []
@@ -94,6 +96,8 @@ def main():
                "--threads", str(a.threads), "--kv-cache-memory", "512M"]
         if k > 0:
             cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
+            if a.speculative_token_map:
+                cmd += ["--speculative-token-map", a.speculative_token_map]
         srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(600):
