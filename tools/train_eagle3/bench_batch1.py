@@ -26,18 +26,12 @@ Usage: bench_batch1.py --head DIR [--binary build/server/specd] [--set gsm8k_tes
 import argparse, json, os, signal, subprocess, sys, time, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_acceptance import ROOT, chat, free_port, metrics, questions  # noqa: E402
+from eval_acceptance import chat, free_port, metrics, questions, server_args, server_cmd  # noqa: E402
 
 
 def start(a, k):
     port = free_port()
-    cmd = [a.binary, "serve", a.model, "--port", str(port), "--served-model-name", "m", "--threads", str(a.threads),
-           "--kv-cache-memory", "512M"]
-    if k > 0:
-        cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
-        if a.speculative_token_map:
-            cmd += ["--speculative-token-map", a.speculative_token_map]
-    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(server_cmd(a, k, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return srv, f"http://127.0.0.1:{port}"
 
 
@@ -74,18 +68,8 @@ def summarize(k, toks, secs, m0, m1, p0, p1):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--head", required=True)
-    ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--binary", default=os.path.join(ROOT, "build/server/specd"))
-    ap.add_argument("--set", default="gsm8k_test")
-    ap.add_argument("--n", type=int, default=16)
-    ap.add_argument("--ks", default="0,1,2,3")
+    server_args(ap, 16, "0,1,2,3", 2)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--draft-quantization", default="none", choices=["none", "q8_0"])
-    ap.add_argument("--speculative-token-map")
-    ap.add_argument("--out")
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
     if 0 not in ks:

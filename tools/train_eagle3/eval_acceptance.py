@@ -71,34 +71,44 @@ def chat(base, q, max_tokens):
         return json.loads(resp.read())["usage"]["completion_tokens"]
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def server_args(ap, n, ks, threads):
+    """The flags shared with bench_batch1.py: head, model, binary, prompt set, ks, serve flags."""
     ap.add_argument("--head", required=True)
     ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--binary", default=os.path.join(ROOT, "build/server/specd"))
     ap.add_argument("--set", default="gsm8k_test")
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--ks", default="0,1,2,3,4,5")
+    ap.add_argument("--n", type=int, default=n)
+    ap.add_argument("--ks", default=ks)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=threads)
     ap.add_argument("--out")
     ap.add_argument("--draft-quantization", default="none", choices=["none", "q8_0"],
                     help="passed to specd serve with the draft (k > 0)")
     ap.add_argument("--speculative-token-map", help="passed to specd serve with the draft (k > 0): hot draft vocabulary")
+
+
+def server_cmd(a, k, port):
+    """`specd serve` for k (0 = no draft) on PORT, with the flags of server_args."""
+    cmd = [a.binary, "serve", a.model, "--port", str(port), "--served-model-name", "m",
+           "--threads", str(a.threads), "--kv-cache-memory", "512M"]
+    if k > 0:
+        cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
+        if a.speculative_token_map:
+            cmd += ["--speculative-token-map", a.speculative_token_map]
+    return cmd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    server_args(ap, 200, "0,1,2,3,4,5", 0)
+    ap.add_argument("--concurrency", type=int, default=1)
     a = ap.parse_args()
     qs = questions(a.set, a.n)
     results = []
     for k in [int(x) for x in a.ks.split(",")]:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        cmd = [a.binary, "serve", a.model, "--port", str(port), "--served-model-name", "m",
-               "--threads", str(a.threads), "--kv-cache-memory", "512M"]
-        if k > 0:
-            cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
-            if a.speculative_token_map:
-                cmd += ["--speculative-token-map", a.speculative_token_map]
-        srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        srv = subprocess.Popen(server_cmd(a, k, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(600):
                 try:
