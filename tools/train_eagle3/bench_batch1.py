@@ -26,7 +26,7 @@ Usage: bench_batch1.py --head DIR [--binary build/server/specd] [--set gsm8k_tes
 import argparse, json, os, signal, subprocess, sys, time, urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eval_acceptance import chat, free_port, metrics, questions, server_args, server_cmd  # noqa: E402
+from eval_acceptance import chat, counters, free_port, metrics, questions, server_args, server_cmd  # noqa: E402
 
 
 def start(a, k):
@@ -48,22 +48,8 @@ def wait_ready(base, srv):
 
 
 def summarize(k, toks, secs, m0, m1, p0, p1):
-    d = lambda key: m1.get(key, 0) - m0.get(key, 0)
-    r = {"k": k, "completion_tokens": toks, "seconds": round(secs, 2), "output_tok_s": round(toks / secs, 2)}
-    n = d("specd_time_per_output_token_seconds_count")
-    if n > 0:
-        r["mean_tpot_ms"] = round(1e3 * d("specd_time_per_output_token_seconds_sum") / n, 2)
-        r["mean_ttft_ms"] = round(1e3 * d("specd_time_to_first_token_seconds_sum") /
-                                  max(1, d("specd_time_to_first_token_seconds_count")), 1)
-    vs = d("specd_spec_decode_verify_steps_total")
-    if vs > 0:
-        r["verify_forward_ms_per_step"] = round(1e3 * d("specd_spec_decode_verify_forward_seconds_total") / vs, 2)
-        r["draft_propose_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_propose_seconds_total") / vs, 2)
-    drafts = d("specd_spec_decode_num_drafts_total")
-    if drafts > 0:
-        r["acceptance_length"] = round(1 + d("specd_spec_decode_num_accepted_tokens_total") / drafts, 3)
-        r["per_position"] = [round((p1.get(i, 0) - p0.get(i, 0)) / drafts, 3) for i in range(k)]
-    return r
+    return {"k": k, "completion_tokens": toks, "seconds": round(secs, 2), "output_tok_s": round(toks / secs, 2),
+            **counters(k, m0, m1, p0, p1)}
 
 
 def main():
@@ -91,6 +77,7 @@ def main():
                     t0 = time.time()
                     toks[k] += chat(servers[k][1], q, a.max_tokens)
                     secs[k] += time.time() - t0
+            time.sleep(0.3)  # the last request's latency histograms are recorded just after its response
             snap1 = {k: metrics(servers[k][1]) for k in ks}
             res = [summarize(k, toks[k], secs[k], snap0[k][0], snap1[k][0], snap0[k][1], snap1[k][1]) for k in ks]
             base = next(r for r in res if r["k"] == 0)

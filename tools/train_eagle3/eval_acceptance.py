@@ -71,6 +71,34 @@ def chat(base, q, max_tokens):
         return json.loads(resp.read())["usage"]["completion_tokens"]
 
 
+def counters(k, m0, m1, p0, p1):
+    """Server-side figures between two /metrics snapshots (m, per-position) of a server at k."""
+    d = lambda key: m1.get(key, 0) - m0.get(key, 0)
+    drafts, dtoks, acc = (d("specd_spec_decode_num_drafts_total"), d("specd_spec_decode_num_draft_tokens_total"),
+                          d("specd_spec_decode_num_accepted_tokens_total"))
+    r = {}
+    # mean time per output token after the first (server-side, per request; TTFT = prefill + queue excluded)
+    n_tpot = d("specd_time_per_output_token_seconds_count")
+    if n_tpot > 0:
+        r["mean_tpot_ms"] = round(1e3 * d("specd_time_per_output_token_seconds_sum") / n_tpot, 2)
+        r["mean_ttft_ms"] = round(1e3 * d("specd_time_to_first_token_seconds_sum") /
+                                  max(1, d("specd_time_to_first_token_seconds_count")), 1)
+    steps, fwd = d("specd_engine_steps_total"), d("specd_model_forward_seconds_total")
+    vsteps = d("specd_spec_decode_verify_steps_total")
+    if steps > 0:  # time split: mean target forward per engine step; with drafts, per verify step
+        r["forward_ms_per_step"] = round(1e3 * fwd / steps, 2)
+    if vsteps > 0:
+        r["verify_forward_ms_per_step"] = round(1e3 * d("specd_spec_decode_verify_forward_seconds_total") / vsteps, 2)
+        r["draft_propose_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_propose_seconds_total") / vsteps, 2)
+        # amortised: the draft's extend over prompts and accepted tokens, per verify step
+        r["draft_all_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_seconds_total") / vsteps, 2)
+    if k > 0 and drafts > 0:
+        r.update({"drafts": drafts, "draft_tokens": dtoks, "accepted": acc,
+                  "acceptance_length": round(1 + acc / drafts, 3), "acceptance_rate": round(acc / dtoks, 3),
+                  "per_position": [round((p1.get(i, 0) - p0.get(i, 0)) / drafts, 3) for i in range(k)]})
+    return r
+
+
 def server_args(ap, n, ks, threads):
     """The flags shared with bench_batch1.py: head, model, binary, prompt set, ks, serve flags."""
     ap.add_argument("--head", required=True)
@@ -121,34 +149,13 @@ def main():
             with cf.ThreadPoolExecutor(a.concurrency) as ex:
                 toks = sum(ex.map(lambda q: chat(base, q, a.max_tokens), qs))
             dt = time.time() - t0
+            time.sleep(0.3)  # the last request's latency histograms are recorded just after its response
             m1, p1 = metrics(base)
         finally:
             srv.send_signal(signal.SIGTERM)
             srv.wait(120)
-        d = lambda key: m1.get(key, 0) - m0.get(key, 0)
-        drafts, dtoks, acc = (d("specd_spec_decode_num_drafts_total"), d("specd_spec_decode_num_draft_tokens_total"),
-                              d("specd_spec_decode_num_accepted_tokens_total"))
         r = {"k": k, "requests": len(qs), "completion_tokens": toks, "seconds": round(dt, 2),
-             "output_tok_s": round(toks / dt, 2)}
-        # mean time per output token after the first (server-side, per request; TTFT = prefill + queue excluded)
-        n_tpot = d("specd_time_per_output_token_seconds_count")
-        if n_tpot > 0:
-            r["mean_tpot_ms"] = round(1e3 * d("specd_time_per_output_token_seconds_sum") / n_tpot, 2)
-            r["mean_ttft_ms"] = round(1e3 * d("specd_time_to_first_token_seconds_sum") /
-                                      max(1, d("specd_time_to_first_token_seconds_count")), 1)
-        steps, fwd = d("specd_engine_steps_total"), d("specd_model_forward_seconds_total")
-        vsteps = d("specd_spec_decode_verify_steps_total")
-        if steps > 0:  # time split: mean target forward per engine step; with drafts, per verify step
-            r["forward_ms_per_step"] = round(1e3 * fwd / steps, 2)
-        if vsteps > 0:
-            r["verify_forward_ms_per_step"] = round(1e3 * d("specd_spec_decode_verify_forward_seconds_total") / vsteps, 2)
-            r["draft_propose_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_propose_seconds_total") / vsteps, 2)
-            # amortised: the draft's extend over prompts and accepted tokens, per verify step
-            r["draft_all_ms_per_step"] = round(1e3 * d("specd_spec_decode_draft_seconds_total") / vsteps, 2)
-        if k > 0 and drafts > 0:
-            r.update({"drafts": drafts, "draft_tokens": dtoks, "accepted": acc,
-                      "acceptance_length": round(1 + acc / drafts, 3), "acceptance_rate": round(acc / dtoks, 3),
-                      "per_position": [round((p1.get(i, 0) - p0.get(i, 0)) / drafts, 3) for i in range(k)]})
+             "output_tok_s": round(toks / dt, 2), **counters(k, m0, m1, p0, p1)}
         results.append(r)
         print(json.dumps(r), flush=True)
     if a.out:
