@@ -83,10 +83,12 @@ typedef struct eagle3_opts {
 int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err);
 void eagle3_destroy(spec_proposer *p); /* NULL ok */
 
-/* Checks that PATH is a usable hot vocabulary (eagle3_opts.hot_vocab) for a
- * target of TARGET_VOCAB ids: a readable vocab map with d2t int64 [n],
- * 1 <= n <= TARGET_VOCAB, every i + d2t[i] inside the target (serve
- * --check-config). Returns 0, or -1 with err. */
+/* Checks the map at PATH alone for eagle3_opts.hot_vocab with a target of
+ * TARGET_VOCAB ids (serve --check-config): a readable vocab map with d2t
+ * int64 [n], 1 <= n <= TARGET_VOCAB, every i + d2t[i] inside the target, its
+ * target_vocab_size metadata (if any) equal to TARGET_VOCAB. Whether it
+ * shares ids with a head is checked when the head loads. Returns 0, or -1
+ * with err. */
 int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *err);
 
 /* "auto" | "input" | "output" -> convention; -1 with err otherwise. */

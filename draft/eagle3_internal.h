@@ -22,7 +22,8 @@ struct eagle3_head {
     float *bq, *bk, *bv, *bo;         /* f32 biases [nh*hd], [nkv*hd] x2, [H] (HF attention_bias), or NULL */
     float *n_input, *n_hidden, *n_post, *n_final; /* f32 [H]: input_layernorm, hidden_norm, post_attention_layernorm, norm */
     float *inv_freq;                  /* f32 [hd/2] */
-    int64_t *used;                    /* [Vd] draft id -> target id */
+    int64_t *used;                    /* [lm_head.rows] logits row -> target id (draft ids, or their hot subset) */
+    uint8_t *hot;                     /* load only: [Vt] target ids of the hot vocabulary, or NULL */
     eagle3_vocab_info vocab;
     int32_t n_aux;
     int32_t aux_layers[EAGLE3_MAX_AUX];

@@ -152,42 +152,59 @@ static int load_vocab(eagle3_head *h, specd_err *err) {
     return 0;
 }
 
-/* lm_head [Vd, H] = rows used[] of the target's LM head, kept in its format. */
-static int gather_lm_head(eagle3_head *h, specd_err *err) {
-    const bk_weight *src = h->tgt.lm_head;
+/* Copies the rows of SRC for the draft ids d with keep(d) (all when h->hot is
+ * NULL, else those whose target id is hot) into a head-owned matrix, kept in
+ * SRC's format; row of draft id d = SRC row (by_target ? used[d] : d). Then
+ * lm_head = that matrix and used[] = the kept ids' target ids. */
+static int cut_lm_head(eagle3_head *h, const bk_weight *src, bool by_target, specd_err *err) {
     const int64_t Vd = h->cfg.draft_vocab;
-    if (h->cfg.hidden != h->tgt.hidden)
-        return specd_err_set(err, "the head has no lm_head.weight and its hidden size %d differs from the target's %d",
-                             h->cfg.hidden, h->tgt.hidden);
-    char *rows = head_own(h, src->row_bytes * (size_t)Vd);
-    if (!rows) return specd_err_set(err, "out of memory gathering the LM head");
-    uint16_t *sc = NULL;
-    if (src->scales) {
-        sc = head_own(h, sizeof(uint16_t) * (size_t)(src->cols / 32) * (size_t)Vd);
-        if (!sc) return specd_err_set(err, "out of memory");
-    }
-    for (int64_t i = 0; i < Vd; i++) {
-        const int64_t r = h->used[i];
-        memcpy(rows + src->row_bytes * (size_t)i, (const char *)src->data + src->row_bytes * (size_t)r, src->row_bytes);
-        if (sc) memcpy(sc + (size_t)(src->cols / 32) * i, (const uint16_t *)src->scales + (size_t)(src->cols / 32) * r,
-                       sizeof(uint16_t) * (size_t)(src->cols / 32));
+    int64_t kept = 0;
+    for (int64_t d = 0; d < Vd; d++) kept += !h->hot || h->hot[h->used[d]];
+    if (kept == 0) return specd_err_set(err, "none of the hot vocabulary's ids is in the head's draft vocabulary");
+    const size_t sc_row = src->scales ? (size_t)(src->cols / 32) : 0;
+    char *rows = head_own(h, src->row_bytes * (size_t)kept);
+    uint16_t *sc = sc_row ? head_own(h, sizeof(uint16_t) * sc_row * (size_t)kept) : NULL;
+    int64_t *used = h->hot ? head_own(h, sizeof(int64_t) * (size_t)kept) : h->used;
+    if (!rows || !used || (sc_row && !sc)) return specd_err_set(err, "out of memory cutting the LM head");
+    for (int64_t d = 0, j = 0; d < Vd; d++) {
+        if (h->hot && !h->hot[h->used[d]]) continue;
+        const int64_t r = by_target ? h->used[d] : d;
+        memcpy(rows + src->row_bytes * (size_t)j, (const char *)src->data + src->row_bytes * (size_t)r, src->row_bytes);
+        if (sc_row) memcpy(sc + sc_row * (size_t)j, (const uint16_t *)src->scales + sc_row * (size_t)r, 2 * sc_row);
+        used[j++] = h->used[d];
     }
     h->lm_head = *src;
-    h->lm_head.rows = Vd;
+    h->lm_head.rows = kept;
     h->lm_head.data = rows;
     h->lm_head.scales = sc;
+    h->used = used;
     return 0;
 }
 
+/* lm_head [Vd, H] = rows used[] of the target's LM head (only the hot ones
+ * with a hot vocabulary), kept in its format. */
+static int gather_lm_head(eagle3_head *h, specd_err *err) {
+    if (h->cfg.hidden != h->tgt.hidden)
+        return specd_err_set(err, "the head has no lm_head.weight and its hidden size %d differs from the target's %d",
+                             h->cfg.hidden, h->tgt.hidden);
+    return cut_lm_head(h, h->tgt.lm_head, true, err);
+}
+
 /* Reads the vocab map at PATH into hot[Vt] (1 = its target id is in the map);
- * *n_ids = the map's length. The caller frees *hot_out. */
+ * *n_ids = its distinct ids. The caller frees *hot_out. */
 static int read_hot(const char *path, int64_t Vt, uint8_t **hot_out, int64_t *n_ids, specd_err *err) {
     *hot_out = NULL;
     st_model *m = NULL;
     if (st_open(path, &m, err) < 0) return specd_err_wrap(err, "hot vocabulary %s", path);
     const st_tensor *t = st_find(m, "d2t");
+    const char *tv = st_metadata(m, "target_vocab_size"); /* written by `specd vocab build` */
     int rc = 0;
     uint8_t *hot = NULL;
+    if (tv && strtoll(tv, NULL, 10) != Vt) {
+        rc = specd_err_set(err, "hot vocabulary %s was built for a target vocabulary of %s ids, this target has %lld",
+                           path, tv, (long long)Vt);
+        goto done;
+    }
     if (!t || t->dtype != ST_I64 || t->n_dims != 1 || t->shape[0] < 1 || t->shape[0] > Vt) {
         rc = specd_err_set(err, "hot vocabulary %s: needs d2t, int64 [n] with 1 <= n <= %lld (a `specd vocab build` map)",
                            path, (long long)Vt);
@@ -205,7 +222,8 @@ static int read_hot(const char *path, int64_t Vt, uint8_t **hot_out, int64_t *n_
         }
         hot[i + off] = 1;
     }
-    *n_ids = t->shape[0];
+    *n_ids = 0;
+    for (int64_t i = 0; i < Vt; i++) *n_ids += hot[i];
 done:
     st_close(m);
     if (rc) free(hot);
@@ -221,44 +239,18 @@ int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *er
     return rc;
 }
 
-/* Cuts lm_head and used[] to the draft ids whose target id is in the vocab
- * map at PATH (eagle3_head_opts.hot_vocab), keeping draft-id order. */
-static int prune_to_hot(eagle3_head *h, const char *path, specd_err *err) {
-    const int64_t Vt = h->tgt.vocab, Vd = h->lm_head.rows;
-    uint8_t *hot = NULL;
-    int64_t n_ids = 0;
-    if (read_hot(path, Vt, &hot, &n_ids, err) < 0) return -1;
-    int rc = 0;
-    int64_t kept = 0, distinct = 0;
-    for (int64_t d = 0; d < Vd; d++) kept += hot[h->used[d]];
-    for (int64_t i = 0; i < Vt; i++) distinct += hot[i];
-    if (kept == 0) {
-        rc = specd_err_set(err, "hot vocabulary %s: none of its %lld ids is in the head's draft vocabulary", path,
-                           (long long)n_ids);
-        goto done;
-    }
-    const bk_weight src = h->lm_head;
-    const size_t sc_row = src.scales ? (size_t)(src.cols / 32) : 0;
-    char *rows = head_own(h, src.row_bytes * (size_t)kept);
-    uint16_t *sc = sc_row ? head_own(h, sizeof(uint16_t) * sc_row * (size_t)kept) : NULL;
-    int64_t *used = head_own(h, sizeof(int64_t) * (size_t)kept);
-    if (!rows || !used || (sc_row && !sc)) { rc = specd_err_set(err, "out of memory"); goto done; }
-    for (int64_t d = 0, j = 0; d < Vd; d++) {
-        if (!hot[h->used[d]]) continue;
-        memcpy(rows + src.row_bytes * (size_t)j, (const char *)src.data + src.row_bytes * (size_t)d, src.row_bytes);
-        if (sc_row) memcpy(sc + sc_row * (size_t)j, (const uint16_t *)src.scales + sc_row * (size_t)d, 2 * sc_row);
-        used[j++] = h->used[d];
+/* A head-owned lm_head is cut to the hot rows after loading (a gathered one
+ * is cut while gathering); logs what the hot vocabulary kept. */
+static int apply_hot(eagle3_head *h, const char *path, int64_t n_ids, bool lm_from_head, specd_err *err) {
+    const int64_t Vd = h->cfg.draft_vocab;
+    if (lm_from_head) {
+        const bk_weight full = h->lm_head;
+        if (cut_lm_head(h, &full, false, err) < 0) return specd_err_wrap(err, "hot vocabulary %s", path);
     }
     LOG_INFO("eagle3: hot vocabulary %s: the draft scores %lld of its %lld ids (%lld of the map's %lld ids are outside "
-             "the draft vocabulary)", path, (long long)kept, (long long)Vd, (long long)(distinct - kept),
-             (long long)distinct);
-    h->lm_head.rows = kept;
-    h->lm_head.data = rows;
-    h->lm_head.scales = sc;
-    h->used = used;
-done:
-    free(hot);
-    return rc;
+             "the draft vocabulary)", path, (long long)h->lm_head.rows, (long long)Vd,
+             (long long)(n_ids - h->lm_head.rows), (long long)n_ids);
+    return 0;
 }
 
 static int load_tensors(eagle3_head *h, specd_err *err) {
@@ -398,11 +390,17 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
         goto fail;
     }
     if (st_open(dir, &h->st, err) < 0) goto fail;
+    int64_t hot_n = 0;
+    if (o && o->hot_vocab && read_hot(o->hot_vocab, t->vocab, &h->hot, &hot_n, err) < 0) goto fail;
     if (load_tensors(h, err) < 0) goto fail;
     int32_t n = eagle3_config_aux_layers(c, t->n_layers, o ? o->aux_ids_convention : EAGLE3_AUX_AUTO, h->n_aux,
                                          h->aux_layers, err);
     if (n < 0) goto fail;
-    if (o && o->hot_vocab && prune_to_hot(h, o->hot_vocab, err) < 0) goto fail;
+    if (h->hot) {
+        if (apply_hot(h, o->hot_vocab, hot_n, st_find(h->st, "lm_head.weight") != NULL, err) < 0) goto fail;
+        free(h->hot);
+        h->hot = NULL;
+    }
     if (o && o->q8_0) {
         bk_weight *mats[] = {&h->fc, &h->wq, &h->wk, &h->wv, &h->wo, &h->wgate, &h->wup, &h->wdown, &h->lm_head};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
@@ -434,6 +432,7 @@ void eagle3_head_destroy(eagle3_head *h) {
     free(h->kv_v);
     free(h->free_ids);
     free(h->ws);
+    free(h->hot);
     st_close(h->st);
     free(h);
 }

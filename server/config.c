@@ -67,7 +67,7 @@ const cfg_option specd_serve_options[] = {
      "how the head's explicit aux layer ids are read: input = residual entering layer i (vLLM), output = leaving "
      "layer i (SGLang/SpecForge eagle_config), auto = by the key's place (docs/draft.md)"},
     {"draft-quantization", CFG_STR, "none", NOB, OFF(draft_quantization), CFG_ENGINE, "none|q8_0",
-     "re-quantize the draft head's bf16/f16 matrices at load: q8_0 = ggml Q8_0 blocks (less memory traffic and the "
+     "re-quantize the draft head's float (f32/bf16/f16) matrices at load: q8_0 = ggml Q8_0 blocks (less memory traffic and the "
      "integer kernels on the CPU; docs/draft.md has its speed and acceptance)"},
     {"speculative-token-map", CFG_STR, NULL, NOB, OFF(speculative_token_map), CFG_ENGINE, NULL,
      "hot draft vocabulary (FR-Spec; SGLang's name): a `specd vocab build` map (directory or .safetensors); the draft "

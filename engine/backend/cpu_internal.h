@@ -101,7 +101,7 @@ __attribute__((target("avx2,fma"))) static inline float cpu_hsum8(__m256 v) {
 }
 
 /* Int16-quantized activations of T tokens for the integer-activation dots
- * (cpu_matmul.c: quant_row_i16 states the quantization). */
+ * (cpu_matmul.c: quant_block_i16 states the quantization). */
 typedef struct xq_rows {
     const int16_t *X; /* AVX-512: [T][cols] in the pair layout (cpu512_pair_layout). AVX2: token groups of
                          4 (the last may be smaller, n tokens): group g = tokens 4g..4g+n-1 at

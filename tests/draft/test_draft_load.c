@@ -229,7 +229,7 @@ static void hot_case(fault f) {
     write_map(ids, n, map);
     hot = NULL;
     assert_int_equal(load_hot(dir, map, &err, &hot), -1);
-    assert_non_null(strstr(err.msg, "none of its"));
+    assert_non_null(strstr(err.msg, "none of the hot vocabulary's ids is in the head's draft vocabulary"));
     assert_null(hot);
     rm_map(map);
     /* an id past the target vocabulary */
@@ -238,6 +238,27 @@ static void hot_case(fault f) {
     assert_int_equal(load_hot(dir, map, &err, &hot), -1);
     assert_non_null(strstr(err.msg, "maps outside the target vocabulary"));
     rm_map(map);
+    /* d2t of the wrong dtype, and a map built for another target vocabulary */
+    {
+        char d2[64];
+        strcpy(d2, "/tmp/specd_hot_XXXXXX");
+        assert_non_null(mkdtemp(d2));
+        int32_t d2t32[2] = {7, 8};
+        const int64_t shape[1] = {2};
+        st_write_tensor w = {"d2t", ST_I32, 1, shape, d2t32};
+        char p[256];
+        snprintf(p, sizeof p, "%s/vocab_map.safetensors", d2);
+        assert_int_equal(st_write(p, &w, 1, NULL, &err), 0);
+        assert_int_equal(load_hot(dir, d2, &err, &hot), -1);
+        assert_non_null(strstr(err.msg, "needs d2t, int64 [n]"));
+        int64_t d2t64[2] = {7, 7};
+        w = (st_write_tensor){"d2t", ST_I64, 1, shape, d2t64};
+        const char *meta[] = {"target_vocab_size", "32000", NULL};
+        assert_int_equal(st_write(p, &w, 1, meta, &err), 0);
+        assert_int_equal(load_hot(dir, d2, &err, &hot), -1);
+        assert_non_null(strstr(err.msg, "was built for a target vocabulary of 32000 ids, this target has 49152"));
+        rm_map(d2);
+    }
     /* no such file */
     assert_int_equal(load_hot(dir, "/nonexistent/vocab_map", &err, &hot), -1);
     assert_non_null(strstr(err.msg, "hot vocabulary /nonexistent/vocab_map"));

@@ -58,12 +58,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
-    if 0 not in ks:
-        raise SystemExit("--ks must include 0 (the plain baseline)")
+    if 0 not in ks or len(set(ks)) != len(ks):
+        raise SystemExit("--ks must include 0 (the plain baseline) and name each k once")
     qs = questions(a.set, a.n)
-    servers = {k: start(a, k) for k in ks}
+    servers = {}
     rounds = []
     try:
+        for k in ks:
+            servers[k] = start(a, k)
         for k, (srv, base) in servers.items():
             wait_ready(base, srv)
             chat(base, "Say hi.", 8)  # warm-up: first-touch page faults, thread start
@@ -91,7 +93,10 @@ def main():
         for srv, _ in servers.values():
             srv.send_signal(signal.SIGTERM)
         for srv, _ in servers.values():
-            srv.wait(120)
+            try:
+                srv.wait(120)
+            except subprocess.TimeoutExpired:
+                srv.kill()
     pooled = []
     for j, k in enumerate(ks):
         t = sum(r[j]["completion_tokens"] for r in rounds)
