@@ -21,7 +21,7 @@ PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null' EXIT
 for _ in $(seq 1 240); do curl -sf "localhost:$PORT/health" >/dev/null && break; sleep 0.5; done
 echo "--- POST /v1/chat/completions"
-curl -s "localhost:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d '{
+curl -s -w '\n' "localhost:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d '{
   "model": "smollm2", "temperature": 0, "max_tokens": 96,
   "messages": [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"}]}'
 echo; echo "--- speculative decoding counters (GET /metrics)"
