@@ -71,9 +71,8 @@ def check_config():
             r = run(MODEL, "--draft", d, "--draft-quantization", "q8_0")
             assert r.returncode == 0, r.stderr.decode()
             hot = os.path.join(os.environ.get("SPECD_SOURCE_DIR", "."), "draft/heads/smollm2-135m-eagle3/hot_vocab_4096")
-            if os.path.isdir(hot):
-                r = run(MODEL, "--draft", d, "--speculative-token-map", hot)
-                assert r.returncode == 0, r.stderr.decode()
+            r = run(MODEL, "--draft", d, "--speculative-token-map", hot)  # committed with the head
+            assert r.returncode == 0, r.stderr.decode()
             r = run(MODEL, "--draft", d, "--speculative-token-map", "/nonexistent/map")
             assert r.returncode == 1 and b"--speculative-token-map: hot vocabulary /nonexistent/map" in r.stderr, r.stderr
             r = run(MODEL, "--draft", d, "--draft-quantization", "q4_0")
