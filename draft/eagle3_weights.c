@@ -239,20 +239,6 @@ int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *er
     return rc;
 }
 
-/* A head-owned lm_head is cut to the hot rows after loading (a gathered one
- * is cut while gathering); logs what the hot vocabulary kept. */
-static int apply_hot(eagle3_head *h, const char *path, int64_t n_ids, bool lm_from_head, specd_err *err) {
-    const int64_t Vd = h->cfg.draft_vocab;
-    if (lm_from_head) {
-        const bk_weight full = h->lm_head;
-        if (cut_lm_head(h, &full, false, err) < 0) return specd_err_wrap(err, "hot vocabulary %s", path);
-    }
-    LOG_INFO("eagle3: hot vocabulary %s: the draft scores %lld of its %lld ids (%lld of the map's %lld ids are outside "
-             "the draft vocabulary)", path, (long long)h->lm_head.rows, (long long)Vd,
-             (long long)(n_ids - h->lm_head.rows), (long long)n_ids);
-    return 0;
-}
-
 static int load_tensors(eagle3_head *h, specd_err *err) {
     const eagle3_config *c = &h->cfg;
     const int64_t H = c->hidden, Ht = c->target_hidden, qd = (int64_t)c->n_heads * c->head_dim,
@@ -304,6 +290,8 @@ static int load_tensors(eagle3_head *h, specd_err *err) {
     const st_tensor *lm = st_find(h->st, "lm_head.weight");
     if (lm) {
         if (load_matrix(h, lm, "lm_head.weight", c->draft_vocab, H, &h->lm_head, err) < 0) return -1;
+        const bk_weight full = h->lm_head;
+        if (h->hot && cut_lm_head(h, &full, false, err) < 0) return -1; /* a gathered one is cut while gathering */
     } else if (gather_lm_head(h, err) < 0) {
         return -1;
     }
@@ -397,7 +385,9 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
                                          h->aux_layers, err);
     if (n < 0) goto fail;
     if (h->hot) {
-        if (apply_hot(h, o->hot_vocab, hot_n, st_find(h->st, "lm_head.weight") != NULL, err) < 0) goto fail;
+        LOG_INFO("eagle3: hot vocabulary %s: the draft scores %lld of its %d ids (%lld of the map's %lld ids are "
+                 "outside the draft vocabulary)", o->hot_vocab, (long long)h->lm_head.rows, c->draft_vocab,
+                 (long long)(hot_n - h->lm_head.rows), (long long)hot_n);
         free(h->hot);
         h->hot = NULL;
     }
