@@ -21,15 +21,15 @@
 
 #include "draft/eagle3_internal.h"
 
+/* The head's buffers are host memory for now (eagle3_head_load refuses a
+ * backend that is not host-visible): wrapped as tensors per call, no copies. */
+static bk_tensor hw(const float *p, int64_t rows, int64_t cols) { return bk_wrap_f32((float *)(uintptr_t)p, rows, cols); }
+
 int eagle3_fc(eagle3_head *h, const float *aux, int32_t n, float *g, specd_err *err) {
     if (n <= 0) return 0;
-    if (h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->fc, aux, n, g)) return specd_err_set(err, "draft fc matmul failed");
+    bk_tensor xt = hw(aux, n, h->fc.cols), yt = hw(g, n, h->fc.rows);
+    if (h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->fc, &xt, &yt)) return specd_err_set(err, "draft fc matmul failed");
     return 0;
-}
-
-static void add_bias(const bk_ops *op, void *bx, float *y, const float *b, int32_t n, int64_t dim) {
-    if (!b) return;
-    for (int32_t i = 0; i < n; i++) op->add(bx, y + (size_t)i * dim, b, dim);
 }
 
 int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *out, specd_err *err) {
@@ -45,47 +45,52 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
         if (r->pos[i] < 0 || r->seq_of[i] < 0 || r->seq_of[i] >= r->n_seqs)
             return specd_err_set(err, "draft row %d: bad position or sequence index", i);
     }
-    /* workspace: gn e x[2H] q k v att | gate up   (all [T, *]) */
+    /* workspace: gn e x[2H] q k v att | gate up | tmp   (all [T, *]) */
     const size_t need = (size_t)T * (size_t)(2 * H + 2 * H + qd + 2 * kvd + qd + 2 * I) + (size_t)T * (size_t)H;
-    float *gn = eagle3_workspace(h, need);
-    if (!gn) return specd_err_set(err, "out of memory for a %d-row draft step", T);
-    float *e = gn + (size_t)T * H, *x = e + (size_t)T * H, *q = x + (size_t)T * 2 * H, *k = q + (size_t)T * qd;
-    float *v = k + (size_t)T * kvd, *att = v + (size_t)T * kvd, *gate = att + (size_t)T * qd, *up = gate + (size_t)T * I;
-    float *tmp = up + (size_t)T * I;
+    float *w0 = eagle3_workspace(h, need);
+    if (!w0) return specd_err_set(err, "out of memory for a %d-row draft step", T);
+    bk_cursor wc = {w0};
+    bk_tensor gn = bk_take(&wc, T, H), e = bk_take(&wc, T, H), x = bk_take(&wc, T, 2 * H), q = bk_take(&wc, T, qd);
+    bk_tensor k = bk_take(&wc, T, kvd), v = bk_take(&wc, T, kvd), att = bk_take(&wc, T, qd);
+    bk_tensor gate = bk_take(&wc, T, I), up = bk_take(&wc, T, I), tmp = bk_take(&wc, T, H);
+    bk_tensor gt = hw(g, T, H), outt = hw(out, T, H), ids = bk_wrap_i32(r->tokens, T, 1);
+    const bk_tensor nhid = hw(h->n_hidden, 1, H), ninp = hw(h->n_input, 1, H), npost = hw(h->n_post, 1, H);
+    const bk_tensor freq = hw(h->inv_freq, 1, hd / 2);
+    bk_attn_meta am = {T, r->pos, r->seq_of, r->block_tables, r->n_seqs, NULL, NULL};
+#define OPS(call) do { if ((call) < 0) return specd_err_set(err, "draft: %s failed", #call); } while (0)
+#define BIAS(y, b, n) do { if (b) { bk_tensor bt_ = hw((b), 1, (n)); OPS(op->add_bias(bx, &(y), &bt_)); } } while (0)
 
     /* 2-3: hidden_norm(g); residual; x = [input_layernorm(embed(token)) | hidden_norm(g)] */
-    op->rmsnorm(bx, g, h->n_hidden, T, H, c->rms_eps, gn);
-    if (op->embed(bx, h->embed, r->tokens, T, e) < 0) return specd_err_set(err, "draft embedding lookup failed");
-    op->rmsnorm(bx, e, h->n_input, T, H, c->rms_eps, e);
-    for (int32_t i = 0; i < T; i++) {
-        memcpy(x + (size_t)i * 2 * H, e + (size_t)i * H, sizeof(float) * (size_t)H);
-        memcpy(x + (size_t)i * 2 * H + H, gn + (size_t)i * H, sizeof(float) * (size_t)H);
-    }
-    memcpy(out, c->norm_before_residual ? gn : g, sizeof(float) * (size_t)T * H); /* out = residual */
+    OPS(op->rmsnorm(bx, &gt, &nhid, c->rms_eps, &gn));
+    if (op->embed(bx, h->embed, &ids, r->tokens, &e) < 0) return specd_err_set(err, "draft embedding lookup failed");
+    OPS(op->rmsnorm(bx, &e, &ninp, c->rms_eps, &e));
+    OPS(op->copy_cols(bx, &x, 0, &e));
+    OPS(op->copy_cols(bx, &x, H, &gn));
+    OPS(op->copy_cols(bx, &outt, 0, c->norm_before_residual ? &gn : &gt)); /* out = residual */
 
     /* 4: projections from 2H, RoPE (NeoX), paged KV write, causal attention, o_proj */
-    if (op->matmul(bx, &h->wq, x, T, q) || op->matmul(bx, &h->wk, x, T, k) || op->matmul(bx, &h->wv, x, T, v))
+    if (op->matmul(bx, &h->wq, &x, &q) || op->matmul(bx, &h->wk, &x, &k) || op->matmul(bx, &h->wv, &x, &v))
         return specd_err_set(err, "draft q/k/v matmul failed");
-    add_bias(op, bx, q, h->bq, T, qd);
-    add_bias(op, bx, k, h->bk, T, kvd);
-    add_bias(op, bx, v, h->bv, T, kvd);
-    op->rope(bx, q, T, nh, hd, hd, r->pos, h->inv_freq, 1.0f, true);
-    op->rope(bx, k, T, nkv, hd, hd, r->pos, h->inv_freq, 1.0f, true);
+    BIAS(q, h->bq, qd);
+    BIAS(k, h->bk, kvd);
+    BIAS(v, h->bv, kvd);
+    OPS(op->rope(bx, &q, nh, hd, hd, &am, &freq, 1.0f, true));
+    OPS(op->rope(bx, &k, nkv, hd, hd, &am, &freq, 1.0f, true));
     bk_kv_layer kv = eagle3_head_kv(h);
-    bk_attn_meta am = {T, r->pos, r->seq_of, r->block_tables, r->n_seqs, NULL};
-    op->kv_write(bx, &kv, &am, k, v);
-    op->attention(bx, &kv, &am, q, nh, 1.0f / sqrtf((float)hd), att);
-    if (op->matmul(bx, &h->wo, att, T, tmp)) return specd_err_set(err, "draft o_proj matmul failed");
-    add_bias(op, bx, tmp, h->bo, T, H);
+    OPS(op->kv_write(bx, &kv, &am, &k, &v));
+    OPS(op->attention(bx, &kv, &am, &q, nh, 1.0f / sqrtf((float)hd), &att));
+    if (op->matmul(bx, &h->wo, &att, &tmp)) return specd_err_set(err, "draft o_proj matmul failed");
+    BIAS(tmp, h->bo, H);
 
     /* 5: h = residual + attn; h += down(silu(gate(n)) * up(n)) */
-    op->add(bx, out, tmp, (int64_t)T * H);
-    op->rmsnorm(bx, out, h->n_post, T, H, c->rms_eps, tmp);
-    if (op->matmul(bx, &h->wgate, tmp, T, gate) || op->matmul(bx, &h->wup, tmp, T, up))
+    OPS(op->add_rmsnorm(bx, &outt, &tmp, &npost, c->rms_eps, &tmp));
+    if (op->matmul(bx, &h->wgate, &tmp, &gate) || op->matmul(bx, &h->wup, &tmp, &up))
         return specd_err_set(err, "draft MLP matmul failed");
-    op->silu_mul(bx, gate, up, (int64_t)T * I, gate);
-    if (op->matmul(bx, &h->wdown, gate, T, tmp)) return specd_err_set(err, "draft down_proj matmul failed");
-    op->add(bx, out, tmp, (int64_t)T * H);
+    OPS(op->silu_mul(bx, &gate, &up, &gate));
+    if (op->matmul(bx, &h->wdown, &gate, &tmp)) return specd_err_set(err, "draft down_proj matmul failed");
+    OPS(op->add(bx, &outt, &tmp));
+#undef BIAS
+#undef OPS
     return 0;
 }
 
@@ -95,8 +100,9 @@ int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, sp
     /* The layer's workspace is free again here; norm into it. */
     float *xn = eagle3_workspace(h, (size_t)n * H);
     if (!xn) return specd_err_set(err, "out of memory");
-    h->tgt.be->ops->rmsnorm(h->tgt.be->ctx, hid, h->n_final, n, H, h->cfg.rms_eps, xn);
-    if (h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->lm_head, xn, n, logits))
+    bk_tensor ht = hw(hid, n, H), xt = hw(xn, n, H), g = hw(h->n_final, 1, H), lt = hw(logits, n, h->lm_head.rows);
+    if (h->tgt.be->ops->rmsnorm(h->tgt.be->ctx, &ht, &g, h->cfg.rms_eps, &xt) < 0 ||
+        h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->lm_head, &xt, &lt))
         return specd_err_set(err, "draft lm_head matmul failed");
     return 0;
 }

@@ -364,6 +364,11 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     eagle3_head *h = calloc(1, sizeof *h);
     if (!h) return specd_err_set(err, "out of memory");
     h->tgt = *t;
+    if (!t->be || !t->be->host_visible) { /* its forward wraps host buffers (eagle3_forward.c) */
+        specd_err_set(err, "the EAGLE-3 head runs on host-visible backends only for now (backend %s)",
+                      t->be ? t->be->name : "none");
+        goto fail;
+    }
     if (eagle3_config_load(dir, &h->cfg, err) < 0) goto fail;
     const eagle3_config *c = &h->cfg;
     if (c->target_hidden != t->hidden) {

@@ -5,10 +5,15 @@
  * (engine/model/) calls only these ops; the CPU backend (cpu_*.c) is the
  * reference every other backend is tested against, op by op.
  *
- * Tensors here are plain pointers + explicit shapes: activations are f32,
- * row-major, [T, dim] where T is the number of tokens in the step's batch.
- * Weights are `bk_weight` views of a matrix [rows=out_features, cols=in_features]
- * in one of the storage formats below (a row is one output feature).
+ * Ops take tensor handles (bk_tensor: backend memory + dtype + shape), never
+ * host float pointers, so the same model code runs on host memory (CPU
+ * backend, zero copies) and device memory (CUDA backend): activations are
+ * f32, row-major, [T, dim] where T is the number of tokens in the step's
+ * batch. Weights are `bk_weight` views of a matrix [rows=out_features,
+ * cols=in_features] in one of the storage formats below (a row is one output
+ * feature), placed in backend memory once at load (ops->weight_place).
+ * Per step the host uploads only the metadata (ids, positions, block
+ * tables: ops->meta_upload / upload) and downloads only what it needs.
  *
  * BATCH INVARIANCE (the property the lossless speculative test relies on):
  * every op computes each output element with a reduction order that depends
@@ -49,9 +54,60 @@ typedef struct bk_weight {
     const void *scales; /* I4G32 only: bf16 [rows, cols/32]; not owned */
 } bk_weight;
 
+/* Activation / metadata dtypes of bk_tensor. */
+typedef enum {
+    BK_F32, /* float */
+    BK_I32, /* int32_t (token ids, positions, row indices) */
+} bk_dtype;
+
+/* A 2-D tensor in the backend's memory: [rows, cols] row-major, contiguous.
+ * data is host memory on the CPU backend and device memory on the CUDA one;
+ * model code never dereferences it (except on host-visible backends, through
+ * bk_f32 / bk_i32, for the parts that have no device op yet). Not owned: the
+ * memory comes from the backend (buf_alloc) or, on host-visible backends,
+ * from a caller's buffer wrapped with bk_wrap_f32 (zero copy). */
+typedef struct bk_tensor {
+    void *data;
+    bk_dtype dtype;
+    int64_t rows, cols;
+} bk_tensor;
+
+static inline size_t bk_dtype_size(bk_dtype t) { (void)t; return 4; }
+static inline bk_tensor bk_wrap_f32(float *p, int64_t rows, int64_t cols) {
+    bk_tensor t = {p, BK_F32, rows, cols};
+    return t;
+}
+static inline bk_tensor bk_wrap_i32(const int32_t *p, int64_t rows, int64_t cols) {
+    bk_tensor t = {(void *)(uintptr_t)p, BK_I32, rows, cols};
+    return t;
+}
+/* Rows [r0, r0 + n) of t (a view sharing t's memory). */
+static inline bk_tensor bk_rows(bk_tensor t, int64_t r0, int64_t n) {
+    bk_tensor v = {(char *)t.data + (size_t)r0 * (size_t)t.cols * bk_dtype_size(t.dtype), t.dtype, n, t.cols};
+    return v;
+}
+/* The same memory seen as [rows, cols] (rows * cols must not exceed t's). */
+static inline bk_tensor bk_reshape(bk_tensor t, int64_t rows, int64_t cols) {
+    bk_tensor v = {t.data, t.dtype, rows, cols};
+    return v;
+}
+static inline size_t bk_nbytes(const bk_tensor *t) { return (size_t)t->rows * (size_t)t->cols * bk_dtype_size(t->dtype); }
+/* Bump allocation of f32 [rows, cols] tensors out of a workspace region of
+ * backend memory (a pass sums its sizes, allocates once, carves in order). */
+typedef struct bk_cursor { float *p; } bk_cursor;
+static inline bk_tensor bk_take(bk_cursor *c, int64_t rows, int64_t cols) {
+    bk_tensor t = bk_wrap_f32(c->p, rows, cols);
+    c->p += (size_t)rows * (size_t)cols;
+    return t;
+}
+/* Host pointers of a host-visible backend's tensor (backend.host_visible). */
+static inline float *bk_f32(const bk_tensor *t) { return (float *)t->data; }
+static inline int32_t *bk_i32(const bk_tensor *t) { return (int32_t *)t->data; }
+
 /* Paged KV cache view for one attention layer (flashinfer-style layout):
- * k, v: f32 [n_blocks, block_size, n_kv_heads, head_dim]. Slot s of block b
- * is at ((b * block_size) + s) * n_kv_heads * head_dim. */
+ * k, v: f32 [n_blocks, block_size, n_kv_heads, head_dim] in backend memory.
+ * Slot s of block b is at ((b * block_size) + s) * n_kv_heads * head_dim.
+ * k == v for a single plane used as both (DeepSeek-V3's MLA latent). */
 typedef struct bk_kv_layer {
     float *k;
     float *v;
@@ -66,7 +122,11 @@ typedef struct bk_kv_layer {
  * pos[i]; it attends to KV positions [0, pos[i]] of its own sequence
  * (causal), read through that sequence's block table. If tree_mask is not
  * NULL, token i additionally may NOT attend to in-step positions j whose
- * tree_mask[i * T + j] is 0 (draft trees; chain drafting passes NULL). */
+ * tree_mask[i * T + j] is 0 (draft trees; chain drafting passes NULL).
+ * The host arrays are what the scheduler built; `dev` is the backend's copy
+ * of them, made once per step by ops->meta_upload (NULL on host-visible
+ * backends, which read the host arrays: zero copies), released by
+ * ops->meta_release. Every op taking the meta reads whichever it needs. */
 typedef struct bk_attn_meta {
     int32_t n_tokens;                    /* T */
     const int32_t *pos;                  /* [T] */
@@ -74,43 +134,93 @@ typedef struct bk_attn_meta {
     const int32_t *const *block_tables;  /* [n_seqs][ceil(len/block_size)] physical block ids */
     int32_t n_seqs;
     const uint8_t *tree_mask;            /* [T, T] or NULL */
+    void *dev;                           /* backend-private device copy, or NULL */
 } bk_attn_meta;
 
+/* The ops. Activations are bk_tensor f32 [T, dim] (T = tokens of the call,
+ * x->rows); unless stated otherwise an output must not alias an input.
+ * Ops returning int return 0, or -1 on failure (allocation, a device error,
+ * an out-of-range id), logged by the backend with the reason. */
 typedef struct bk_ops {
     /* y[T, w->rows] = x[T, w->cols] @ W^T. */
-    int (*matmul)(void *ctx, const bk_weight *w, const float *x, int32_t T, float *y);
-    /* out[T, dim] = x * rsqrt(mean(x^2) + eps) * g  (RMSNorm, Zhang & Sennrich 2019).
-     * out may alias x. */
-    void (*rmsnorm)(void *ctx, const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out);
-    /* Rotary embedding in place on x[T, n_heads, head_dim], rotating the first
-     * rot_dim dims. neox=true: pairs (i, i + rot_dim/2) (rotate_half, HF);
-     * neox=false: adjacent pairs (2i, 2i+1) (GPT-J / ggml "normal").
-     * inv_freq[rot_dim/2]: per-pair angular frequency (caller computes plain
-     * theta^(-2i/d) or YaRN); mscale multiplies cos and sin (YaRN attention factor, 1 otherwise). */
-    void (*rope)(void *ctx, float *x, int32_t T, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                 const int32_t *pos, const float *inv_freq, float mscale, bool neox);
-    /* Writes k/v [T, n_kv_heads, head_dim] of this step into the paged cache
+    int (*matmul)(void *ctx, const bk_weight *w, const bk_tensor *x, bk_tensor *y);
+    /* out[T, dim] = x * rsqrt(mean(x^2) + eps) * g, g f32 [1, dim]
+     * (RMSNorm, Zhang & Sennrich 2019). out may alias x. */
+    int (*rmsnorm)(void *ctx, const bk_tensor *x, const bk_tensor *g, float eps, bk_tensor *out);
+    /* Fused residual add + RMSNorm: x += r, then out = rmsnorm(x) as above
+     * (exactly the two ops in sequence, same bits; one pass on a GPU). out may
+     * alias r (the usual call: h = norm(x += h)), not x. */
+    int (*add_rmsnorm)(void *ctx, bk_tensor *x, const bk_tensor *r, const bk_tensor *g, float eps, bk_tensor *out);
+    /* Rotary embedding in place on x[T, n_heads * head_dim], rotating the
+     * first rot_dim dims of each head. neox=true: pairs (i, i + rot_dim/2)
+     * (rotate_half, HF); neox=false: adjacent pairs (2i, 2i+1) (GPT-J / ggml
+     * "normal"). Positions from m (m->n_tokens == T). inv_freq f32 [1,
+     * rot_dim/2]: per-pair angular frequency (caller computes plain
+     * theta^(-2i/d) or YaRN); mscale multiplies cos and sin (YaRN attention
+     * factor, 1 otherwise). */
+    int (*rope)(void *ctx, bk_tensor *x, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                const bk_attn_meta *m, const bk_tensor *inv_freq, float mscale, bool neox);
+    /* Writes k/v [T, n_kv_heads * head_dim] of this step into the paged cache
      * at each token's (seq, pos) slot. */
-    void (*kv_write)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *k, const float *v);
-    /* Attention over the paged cache: q [T, n_heads, head_dim] -> out [T, n_heads, head_dim].
-     * GQA: head h uses kv head h / (n_heads / n_kv_heads). scale = softmax scale.
-     * Exact softmax in f32 with a max-subtracted, fixed-order reduction (sums
-     * in double); the PV numerator in double (portable) or f32 lanes (AVX2). */
-    void (*attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
-                      int32_t n_heads, float scale, float *out);
-    /* out[T, n] = silu(gate) * up, gate/up [T, n]. out may alias gate. */
-    void (*silu_mul)(void *ctx, const float *gate, const float *up, int64_t n_total, float *out);
-    /* y += x, n elements. */
-    void (*add)(void *ctx, float *y, const float *x, int64_t n);
-    /* out[T, w->cols] = rows tokens[i] of W dequantized (embedding lookup). */
-    int (*embed)(void *ctx, const bk_weight *w, const int32_t *tokens, int32_t T, float *out);
+    int (*kv_write)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *k, const bk_tensor *v);
+    /* Attention over the paged cache: q [T, n_heads * head_dim] -> out [T,
+     * n_heads * head_dim]. GQA: head h uses kv head h / (n_heads / n_kv_heads).
+     * scale = softmax scale. Exact softmax in f32 with a max-subtracted,
+     * fixed-order reduction (sums in double on the CPU); the PV numerator in
+     * double (portable) or f32 lanes (AVX2). */
+    int (*attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q, int32_t n_heads,
+                     float scale, bk_tensor *out);
+    /* out = silu(gate) * up elementwise (same shapes). out may alias gate. */
+    int (*silu_mul)(void *ctx, const bk_tensor *gate, const bk_tensor *up, bk_tensor *out);
+    /* y += x elementwise (same shapes). */
+    int (*add)(void *ctx, bk_tensor *y, const bk_tensor *x);
+    /* y[t, :] += b[0, :] for every row t (a bias [1, y->cols]). */
+    int (*add_bias)(void *ctx, bk_tensor *y, const bk_tensor *b);
+    /* out[T, w->cols] = rows ids[t] of W dequantized (embedding lookup);
+     * ids I32 [T, 1]; an id outside [0, w->rows) fails the op. ids_host: the
+     * same ids on the host (for the check; may be NULL on device backends
+     * that check on the device). */
+    int (*embed)(void *ctx, const bk_weight *w, const bk_tensor *ids, const int32_t *ids_host, bk_tensor *out);
+    /* dst[t, col0 .. col0 + src->cols) = src[t, :] for every row t
+     * (concatenation along columns, EAGLE-3's aux capture and input). */
+    int (*copy_cols)(void *ctx, bk_tensor *dst, int64_t col0, const bk_tensor *src);
+    /* dst[i, :] = src[idx[i], :], idx I32 [n, 1] (selecting output rows). */
+    int (*gather_rows)(void *ctx, const bk_tensor *src, const bk_tensor *idx, bk_tensor *dst);
+
+    /* --- memory and transfers (all backends; trivial on host-visible ones) */
+    /* bytes of backend memory (16-byte aligned at least, zeroed), or NULL. Called at
+     * start-up (weights, KV pool, workspace), never per step. */
+    void *(*buf_alloc)(void *ctx, size_t bytes);
+    void (*buf_free)(void *ctx, void *p); /* NULL ok */
+    /* Copies between host and backend memory (bytes). upload may be queued
+     * (the host buffer must stay valid until the next sync); download waits. */
+    int (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
+    int (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    /* Makes *dst a backend-resident copy of the host weight *src (same type
+     * and shape; data/scales in backend memory owned by the backend until
+     * destroy). Host-visible backends copy the struct only (zero copies). */
+    int (*weight_place)(void *ctx, const bk_weight *src, bk_weight *dst);
+    /* Per-step metadata copy (see bk_attn_meta.dev); no-ops on host-visible backends. */
+    int (*meta_upload)(void *ctx, bk_attn_meta *m);
+    void (*meta_release)(void *ctx, bk_attn_meta *m);
 } bk_ops;
 
 typedef struct backend {
     const char *name;   /* "cpu", "cuda" */
     const bk_ops *ops;
     void *ctx;
+    bool host_visible;  /* tensors are host memory: bk_f32 / bk_wrap_* are valid */
 } backend;
+
+/* Backend memory tensor of [rows, cols] (buf_alloc; free with bk_tensor_free). */
+int bk_tensor_alloc(backend *be, bk_dtype dt, int64_t rows, int64_t cols, bk_tensor *out);
+void bk_tensor_free(backend *be, bk_tensor *t); /* zeroes *t; ok on a zeroed tensor */
+/* y[T, w->rows] = x[T, w->cols] @ W^T with host arrays, for host-visible
+ * backends only (tests, benchmarks, and model code that has no device form
+ * yet): wraps them as tensors and calls ops->matmul. */
+int bk_matmul_f32(backend *be, const bk_weight *w, const float *x, int32_t T, float *y);
+/* A backend copy of host floats [rows, cols] (norm gains, biases, inv_freq). */
+int bk_tensor_from_host(backend *be, const float *host, int64_t rows, int64_t cols, bk_tensor *out);
 
 /* CPU backend. n_threads <= 0: OMP_NUM_THREADS if set, else one per online
  * core. The kernel level is chosen at run time from CPUID/XGETBV: AVX-512

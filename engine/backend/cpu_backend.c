@@ -6,7 +6,10 @@
  * Activations are f32. Batch invariance (backend.h): each output element is
  * produced by one thread with a fixed reduction order that depends only on
  * its own inputs; OpenMP splits tokens / heads / rows, never a reduction.
- * Threading: called from the engine thread; parallel inside with OpenMP.
+ * Memory: host memory; tensors are plain pointers into it, so upload /
+ * download / weight_place / meta_upload copy nothing (the same interface as
+ * the CUDA backend, zero copies here).
+ * Threading: called from the engine thread; parallel inside with its pool.
  */
 #include <cpuid.h>
 #include <math.h>
@@ -40,10 +43,22 @@ static void norm_rows(void *va, int64_t t0, int64_t t1, int tid) {
     }
 }
 
-static void cpu_rmsnorm(void *vctx, const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out) {
+static int cpu_rmsnorm(void *vctx, const bk_tensor *x, const bk_tensor *g, float eps, bk_tensor *out) {
     cpu_ctx *ctx = vctx;
-    norm_job j = {x, g, dim, eps, out};
-    tpool_run(ctx->pool, norm_rows, &j, T, 8);
+    norm_job j = {bk_f32(x), bk_f32(g), (int32_t)x->cols, eps, bk_f32(out)};
+    tpool_run(ctx->pool, norm_rows, &j, x->rows, 8);
+    return 0;
+}
+
+static void cpu_add_f32(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* The residual add and the norm exactly as two ops (same bits as add, then rmsnorm). */
+static int cpu_add_rmsnorm(void *vctx, bk_tensor *x, const bk_tensor *r, const bk_tensor *g, float eps,
+                           bk_tensor *out) {
+    cpu_add_f32(bk_f32(x), bk_f32(r), x->rows * x->cols);
+    return cpu_rmsnorm(vctx, x, g, eps, out);
 }
 
 /* RoPE (Su et al. 2021). angle = pos * inv_freq[i]; pair (a, b) rotated by it.
@@ -75,11 +90,12 @@ static void rope_rows(void *va, int64_t t0, int64_t t1, int tid) {
     }
 }
 
-static void cpu_rope(void *vctx, float *x, int32_t T, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                     const int32_t *pos, const float *inv_freq, float mscale, bool neox) {
+static int cpu_rope(void *vctx, bk_tensor *x, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                    const bk_attn_meta *m, const bk_tensor *inv_freq, float mscale, bool neox) {
     cpu_ctx *ctx = vctx;
-    rope_job j = {x, n_heads, head_dim, rot_dim, pos, inv_freq, mscale, neox};
-    tpool_run(ctx->pool, rope_rows, &j, T, 4);
+    rope_job j = {bk_f32(x), n_heads, head_dim, rot_dim, m->pos, bk_f32(inv_freq), mscale, neox};
+    tpool_run(ctx->pool, rope_rows, &j, x->rows, 4);
+    return 0;
 }
 
 static inline size_t kv_slot(const bk_kv_layer *kv, const bk_attn_meta *m, int32_t seq, int32_t p) {
@@ -87,13 +103,16 @@ static inline size_t kv_slot(const bk_kv_layer *kv, const bk_attn_meta *m, int32
     return ((size_t)blk * kv->block_size + (size_t)(p % kv->block_size)) * kv->n_kv_heads * kv->head_dim;
 }
 
-static void cpu_kv_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *k, const float *v) {
+static int cpu_kv_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *kt,
+                        const bk_tensor *vt) {
+    const float *k = bk_f32(kt), *v = bk_f32(vt);
     const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
     for (int32_t t = 0; t < m->n_tokens; t++) {
         size_t off = kv_slot(kv, m, m->seq_of[t], m->pos[t]);
         memcpy(kv->k + off, k + (size_t)t * row, row * sizeof(float));
         memcpy(kv->v + off, v + (size_t)t * row, row * sizeof(float));
     }
+    return 0;
 }
 
 /* Scaled dot-product attention (Vaswani et al. 2017) over the paged cache.
@@ -235,16 +254,22 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
  * on the portable path, in f32 lanes on the AVX2 one). AVX2 kernels
  * (attn_items_avx2) when the backend runs AVX2 or AVX-512 and head_dim % 8
  * == 0, else the portable scalar loop (attn_items). */
-static void cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const float *q,
-                          int32_t n_heads, float scale, float *out) {
+static int cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *qt,
+                         int32_t n_heads, float scale, bk_tensor *outt) {
     cpu_ctx *ctx = vctx;
+    const float *q = bk_f32(qt);
+    float *out = bk_f32(outt);
     int32_t max_len = 0;
     for (int32_t t = 0; t < m->n_tokens; t++) if (m->pos[t] + 1 > max_len) max_len = m->pos[t] + 1;
     for (int i = 0; i < ctx->n_threads; i++)
-        if (!cpu_scratch_get(ctx, i, (size_t)max_len + 2 * (size_t)kv->head_dim + 2)) return;
+        if (!cpu_scratch_get(ctx, i, (size_t)max_len + 2 * (size_t)kv->head_dim + 2)) {
+            LOG_ERROR("attention: out of memory for %d positions", max_len);
+            return -1;
+        }
     attn_job j = {ctx, kv, m, q, n_heads, scale, out, max_len};
     tpool_run(ctx->pool, ctx->avx2 && kv->head_dim % 8 == 0 ? attn_items_avx2 : attn_items, &j,
               (int64_t)m->n_tokens * n_heads, 1);
+    return 0;
 }
 
 /* SwiGLU gate (Shazeer 2020): silu(g) * u, silu(g) = g / (1 + e^-g). */
@@ -258,25 +283,80 @@ static void silu_range(void *va, int64_t i0, int64_t i1, int tid) {
     }
 }
 
-static void cpu_silu_mul(void *vctx, const float *gate, const float *up, int64_t n, float *out) {
+static int cpu_silu_mul(void *vctx, const bk_tensor *gate, const bk_tensor *up, bk_tensor *out) {
     cpu_ctx *ctx = vctx;
-    silu_job j = {gate, up, out};
-    tpool_run(ctx->pool, silu_range, &j, n, 4096);
+    silu_job j = {bk_f32(gate), bk_f32(up), bk_f32(out)};
+    tpool_run(ctx->pool, silu_range, &j, gate->rows * gate->cols, 4096);
+    return 0;
 }
 
-static void cpu_add(void *vctx, float *y, const float *x, int64_t n) {
+static int cpu_add(void *vctx, bk_tensor *y, const bk_tensor *x) {
     (void)vctx;
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    cpu_add_f32(bk_f32(y), bk_f32(x), y->rows * y->cols);
+    return 0;
 }
 
-static int cpu_embed(void *vctx, const bk_weight *w, const int32_t *tokens, int32_t T, float *out) {
+static int cpu_add_bias(void *vctx, bk_tensor *y, const bk_tensor *b) {
     (void)vctx;
-    for (int32_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < y->rows; t++) cpu_add_f32(bk_f32(y) + (size_t)t * y->cols, bk_f32(b), y->cols);
+    return 0;
+}
+
+static int cpu_embed(void *vctx, const bk_weight *w, const bk_tensor *ids, const int32_t *ids_host, bk_tensor *out) {
+    (void)vctx;
+    (void)ids_host;
+    const int32_t *tokens = bk_i32(ids);
+    for (int64_t t = 0; t < ids->rows; t++) {
         if (tokens[t] < 0 || tokens[t] >= w->rows) return -1;
-        bk_weight_row_f32(w, tokens[t], out + (size_t)t * w->cols);
+        bk_weight_row_f32(w, tokens[t], bk_f32(out) + (size_t)t * w->cols);
     }
     return 0;
 }
+
+static int cpu_copy_cols(void *vctx, bk_tensor *dst, int64_t col0, const bk_tensor *src) {
+    (void)vctx;
+    for (int64_t t = 0; t < src->rows; t++)
+        memcpy(bk_f32(dst) + (size_t)t * dst->cols + col0, bk_f32(src) + (size_t)t * src->cols,
+               sizeof(float) * (size_t)src->cols);
+    return 0;
+}
+
+static int cpu_gather_rows(void *vctx, const bk_tensor *src, const bk_tensor *idx, bk_tensor *dst) {
+    (void)vctx;
+    const int32_t *ix = bk_i32(idx);
+    for (int64_t i = 0; i < idx->rows; i++) {
+        if (ix[i] < 0 || ix[i] >= src->rows) return -1;
+        memcpy(bk_f32(dst) + (size_t)i * src->cols, bk_f32(src) + (size_t)ix[i] * src->cols,
+               sizeof(float) * (size_t)src->cols);
+    }
+    return 0;
+}
+
+static int cpu_matmul_t(void *vctx, const bk_weight *w, const bk_tensor *x, bk_tensor *y) {
+    return cpu_matmul(vctx, w, bk_f32(x), (int32_t)x->rows, bk_f32(y));
+}
+
+/* ------------------------------------------ memory: host memory, zero copies */
+
+/* calloc: large pools (the KV cache) are mapped lazily, zero pages untouched
+ * until written, as before this interface existed. */
+static void *cpu_buf_alloc(void *vctx, size_t bytes) {
+    (void)vctx;
+    return calloc(1, bytes ? bytes : 1);
+}
+static void cpu_buf_free(void *vctx, void *p) { (void)vctx; free(p); }
+static int cpu_copy(void *vctx, void *dst, const void *src, size_t bytes) {
+    (void)vctx;
+    if (dst != src && bytes) memmove(dst, src, bytes);
+    return 0;
+}
+static int cpu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
+    (void)vctx;
+    *dst = *src;
+    return 0;
+}
+static int cpu_meta_upload(void *vctx, bk_attn_meta *m) { (void)vctx; m->dev = NULL; return 0; }
+static void cpu_meta_release(void *vctx, bk_attn_meta *m) { (void)vctx; m->dev = NULL; }
 
 float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
     cpu_scratch *sc = &ctx->scratch[tid];
@@ -290,14 +370,25 @@ float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
 }
 
 static const bk_ops CPU_OPS = {
-    .matmul = cpu_matmul,
+    .matmul = cpu_matmul_t,
     .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .embed = cpu_embed,
+    .copy_cols = cpu_copy_cols,
+    .gather_rows = cpu_gather_rows,
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .weight_place = cpu_weight_place,
+    .meta_upload = cpu_meta_upload,
+    .meta_release = cpu_meta_release,
 };
 
 float cpu_fp16_f32[65536];
@@ -362,6 +453,7 @@ backend *bk_cpu_create(int n_threads) {
     b->name = "cpu";
     b->ops = &CPU_OPS;
     b->ctx = ctx;
+    b->host_visible = true;
     return b;
 }
 
@@ -375,3 +467,4 @@ void bk_cpu_destroy(backend *b) {
 }
 
 const char *bk_cpu_describe(const backend *b) { return ((const cpu_ctx *)b->ctx)->desc; }
+

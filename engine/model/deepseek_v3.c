@@ -82,6 +82,8 @@ static double yarn_corr_dim(double n_rot, int d, double base, double max_pos) {
     return d * log(max_pos / (n_rot * 2 * M_PI)) / (2 * log(base));
 }
 
+int32_t dsv3_rope_dim(const dsv3_state *s) { return s->hc.qk_rope; }
+
 void dsv3_rope_params(const hf_config *hc, float *inv_freq, float *attention_factor, float *softmax_scale) {
     const int d = hc->qk_rope;
     const float base = (float)hc->rope_theta;

@@ -36,7 +36,38 @@
 #include "engine/model/deepseek_v3.h"
 
 #define MATMUL(w, x, T, y) \
-    do { if (op->matmul(bx, (w), (x), (T), (y))) return specd_err_set(err, "matmul failed (out of memory)"); } while (0)
+    do { if (h_matmul(m->be, (w), (x), (T), (y))) return specd_err_set(err, "matmul failed (out of memory)"); } while (0)
+
+/* ------------------------------------------------------------ host forms of the ops
+ * DeepSeek-V3 runs on host-visible backends only (model_place refuses the
+ * others until its MLA / MoE parts have device ops): its buffers are host
+ * memory, wrapped as tensors per call (no copies). */
+static int h_matmul(backend *be, const bk_weight *w, const float *x, int32_t T, float *y) {
+    return bk_matmul_f32(be, w, x, T, y);
+}
+static void h_rmsnorm(const backend *be, const float *x, const float *g, int32_t T, int32_t dim, float eps,
+                      float *out) {
+    bk_tensor xt = bk_wrap_f32((float *)(uintptr_t)x, T, dim), gt = bk_wrap_f32((float *)(uintptr_t)g, 1, dim);
+    bk_tensor ot = bk_wrap_f32(out, T, dim);
+    be->ops->rmsnorm(be->ctx, &xt, &gt, eps, &ot);
+}
+/* x: head h of token t at x + (t * n_heads + h) * head_dim (x may point inside a wider row) */
+static void h_rope(const backend *be, float *x, int32_t T, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                   const bk_attn_meta *am, const float *inv_freq, float mscale, bool neox) {
+    bk_tensor xt = bk_wrap_f32(x, T, (int64_t)n_heads * head_dim);
+    bk_tensor ft = bk_wrap_f32((float *)(uintptr_t)inv_freq, 1, rot_dim / 2);
+    be->ops->rope(be->ctx, &xt, n_heads, head_dim, rot_dim, am, &ft, mscale, neox);
+}
+static int h_attention(const backend *be, const bk_kv_layer *kv, const bk_attn_meta *am, const float *q,
+                       int32_t n_heads, float scale, float *out) {
+    const int64_t w = (int64_t)n_heads * kv->head_dim;
+    bk_tensor qt = bk_wrap_f32((float *)(uintptr_t)q, am->n_tokens, w), ot = bk_wrap_f32(out, am->n_tokens, w);
+    return be->ops->attention(be->ctx, kv, am, &qt, n_heads, scale, &ot);
+}
+static void h_add(const backend *be, float *y, const float *x, int64_t n) {
+    bk_tensor yt = bk_wrap_f32(y, 1, n), xt = bk_wrap_f32((float *)(uintptr_t)x, 1, n);
+    be->ops->add(be->ctx, &yt, &xt);
+}
 
 /* ------------------------------------------------------------ helpers */
 
@@ -54,8 +85,6 @@ static void scatter_cols(float *dst, size_t ld_dst, size_t off, const float *src
  * step -> att [T, nh*v]. tmp: at least T * (kvl + max(n, v)) floats. */
 static int mla_absorbed(model *m, int32_t l, const bk_attn_meta *am, const float *q, float *att, float *qa,
                         float *oa, float *tmp, specd_err *err) {
-    const bk_ops *op = m->be->ops;
-    void *bx = m->be->ctx;
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const dsv3_layer *Y = &s->layers[l];
@@ -71,7 +100,7 @@ static int mla_absorbed(model *m, int32_t l, const bk_attn_meta *am, const float
             memcpy(qa + ((size_t)t * nh + h) * D + kvl, q + ((size_t)t * nh + h) * (n + r) + n, sizeof(float) * r);
     }
     bk_kv_layer kv = model_kv_layer(m, l);
-    op->attention(bx, &kv, am, qa, nh, s->softmax_scale, oa);
+    if (h_attention(m->be, &kv, am, qa, nh, s->softmax_scale, oa) < 0) return specd_err_set(err, "attention failed");
     /* out_h = W_UV_h (sum p c_kv) */
     for (int32_t h = 0; h < nh; h++) {
         gather_cols(in, oa, T, (size_t)nh * D, (size_t)h * D, (size_t)kvl);
@@ -83,8 +112,6 @@ static int mla_absorbed(model *m, int32_t l, const bk_attn_meta *am, const float
 
 /* The naive form: per-head K/V decompressed from the latent cache. */
 static int mla_naive(model *m, int32_t l, const bk_attn_meta *am, const float *q, float *att, specd_err *err) {
-    const bk_ops *op = m->be->ops;
-    void *bx = m->be->ctx;
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const dsv3_layer *Y = &s->layers[l];
@@ -122,7 +149,7 @@ static int mla_naive(model *m, int32_t l, const bk_attn_meta *am, const float *q
             const float *src = kv.k + ((size_t)b * kv.block_size + (size_t)(p % kv.block_size)) * Dl;
             memcpy(lat + i * kvl, src, sizeof(float) * kvl);
         }
-    if (N && op->matmul(bx, &Y->kv_b, lat, (int32_t)N, kvb)) goto oom;
+    if (N && h_matmul(m->be, &Y->kv_b, lat, (int32_t)N, kvb)) goto oom;
     i = 0;
     for (int32_t q0 = 0; q0 < S; q0++)
         for (int32_t p = 0; p < len[q0]; p++, i++) {
@@ -142,7 +169,7 @@ static int mla_naive(model *m, int32_t l, const bk_attn_meta *am, const float *q
     bk_kv_layer tkv = {.k = tk, .v = tv, .block_size = Lmax, .n_kv_heads = nh, .head_dim = D, .n_blocks = S};
     bk_attn_meta tm = *am;
     tm.block_tables = tables;
-    op->attention(bx, &tkv, &tm, qn, nh, s->softmax_scale, on);
+    if (h_attention(m->be, &tkv, &tm, qn, nh, s->softmax_scale, on) < 0) goto oom;
     for (int32_t t = 0; t < T; t++)
         for (int32_t h = 0; h < nh; h++)
             memcpy(att + ((size_t)t * nh + h) * v, on + ((size_t)t * nh + h) * D, sizeof(float) * v);
@@ -206,19 +233,16 @@ void dsv3_route(const hf_config *c, const float *logits, const float *bias, floa
 /* SwiGLU MLP: y [T, H] = down(silu(gate(x)) * up(x)); g, u: [T, width]. */
 static int swiglu(model *m, const bk_weight *gate, const bk_weight *up, const bk_weight *down, const float *x,
                   int32_t T, float *g, float *u, float *y, specd_err *err) {
-    const bk_ops *op = m->be->ops;
-    void *bx = m->be->ctx;
     MATMUL(gate, x, T, g);
     MATMUL(up, x, T, u);
-    op->silu_mul(bx, g, u, (int64_t)T * gate->rows, g);
+    bk_tensor gt = bk_wrap_f32(g, T, gate->rows), ut = bk_wrap_f32(u, T, gate->rows);
+    m->be->ops->silu_mul(m->be->ctx, &gt, &ut, &gt);
     MATMUL(down, g, T, y);
     return 0;
 }
 
 /* MoE block: h [T, H] (normed) -> y [T, H] = sum_k w_k expert_k(h) + shared(h). */
 static int moe_forward(model *m, int32_t l, const float *h, int32_t T, float *y, specd_err *err) {
-    const bk_ops *op = m->be->ops;
-    void *bx = m->be->ctx;
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const dsv3_layer *Y = &s->layers[l];
@@ -236,7 +260,7 @@ static int moe_forward(model *m, int32_t l, const float *h, int32_t T, float *y,
         goto done;
     }
     /* router: f32 logits, per-token selection */
-    if (op->matmul(bx, &Y->router, h, T, logits)) { specd_err_set(err, "matmul failed"); goto done; }
+    if (h_matmul(m->be, &Y->router, h, T, logits)) { specd_err_set(err, "matmul failed"); goto done; }
     for (int32_t t = 0; t < T; t++)
         dsv3_route(c, logits + (size_t)t * E, Y->router_bias, scr, ids + (size_t)t * k, w + (size_t)t * k);
     /* routed experts in ascending id, each on its tokens; y[t] accumulates in that order */
@@ -258,7 +282,7 @@ static int moe_forward(model *m, int32_t l, const float *h, int32_t T, float *y,
     /* shared experts: added after the routed sum (transformers' order) */
     if (Y->has_shared) {
         if (swiglu(m, &Y->gate, &Y->up, &Y->down, h, T, g, u, ye, err) < 0) goto done;
-        op->add(bx, y, ye, (int64_t)T * H);
+        h_add(m->be, y, ye, (int64_t)T * H);
     }
     rc = 0;
 done:
@@ -269,8 +293,6 @@ done:
 /* ------------------------------------------------------------ forward */
 
 int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
-    const bk_ops *op = m->be->ops;
-    void *bx = m->be->ctx;
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const int32_t T = b->n_tokens, H = c->hidden, nh = c->n_heads, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
@@ -286,8 +308,10 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
     float *oabs = qabs + (size_t)T * nh * D, *tmp = oabs + (size_t)T * nh * D, *att = tmp + (size_t)T * (kvl + nw);
     float *y = att + (size_t)T * nh * v, *g = y + (size_t)T * H, *u = g + (size_t)T * I;
 
-    if (op->embed(bx, &m->embed, b->tokens, T, x) < 0) return specd_err_set(err, "token id out of range");
-    const bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask};
+    bk_tensor ids = bk_wrap_i32(b->tokens, T, 1), xt = bk_wrap_f32(x, T, H);
+    if (m->be->ops->embed(m->be->ctx, &m->embed, &ids, b->tokens, &xt) < 0)
+        return specd_err_set(err, "token id out of range");
+    const bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
     for (int32_t l = 0; l < c->n_layers; l++) {
         const dsv3_layer *Y = &s->layers[l];
         for (int32_t a = 0; a < b->n_aux; a++) /* EAGLE-3 capture: residual stream entering layer l */
@@ -295,10 +319,10 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
                 for (int32_t t = 0; t < T; t++)
                     memcpy(b->aux + ((size_t)t * b->n_aux + a) * H, x + (size_t)t * H, sizeof(float) * H);
         /* attention rmsnorm; q = q_b(rmsnorm(q_a(x))) */
-        op->rmsnorm(bx, x, Y->attn_norm, T, H, (float)c->rms_eps, xn);
+        h_rmsnorm(m->be, x, Y->attn_norm, T, H, (float)c->rms_eps, xn);
         if (c->q_lora_rank > 0) {
             MATMUL(&Y->q_a, xn, T, qlo);
-            op->rmsnorm(bx, qlo, Y->q_a_norm, T, ql, DSV3_LORA_NORM_EPS, qlo);
+            h_rmsnorm(m->be, qlo, Y->q_a_norm, T, ql, DSV3_LORA_NORM_EPS, qlo);
             MATMUL(&Y->q_b, qlo, T, q);
         } else {
             MATMUL(&Y->q_b, xn, T, q);
@@ -306,14 +330,15 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
         /* latent = [rmsnorm(c_kv) | k_pe] from kv_a_proj_with_mqa */
         MATMUL(&Y->kv_a, xn, T, lat);
         gather_cols(ckv, lat, T, (size_t)D, 0, (size_t)kvl);
-        op->rmsnorm(bx, ckv, Y->kv_a_norm, T, kvl, DSV3_LORA_NORM_EPS, ckv);
+        h_rmsnorm(m->be, ckv, Y->kv_a_norm, T, kvl, DSV3_LORA_NORM_EPS, ckv);
         scatter_cols(lat, (size_t)D, 0, ckv, T, (size_t)kvl);
         /* decoupled RoPE (YaRN inv_freq, mscale on cos/sin) on q_pe of each head and the shared k_pe */
-        op->rope(bx, q + n, T, nh, n + r, r, b->pos, m->inv_freq, s->rope_mscale, false);
-        op->rope(bx, lat + kvl, T, 1, D, r, b->pos, m->inv_freq, s->rope_mscale, false);
+        h_rope(m->be, q + n, T, nh, n + r, r, &am, m->inv_freq, s->rope_mscale, false);
+        h_rope(m->be, lat + kvl, T, 1, D, r, &am, m->inv_freq, s->rope_mscale, false);
         /* latent into the paged cache (one plane: K == V) */
         bk_kv_layer kv = model_kv_layer(m, l);
-        op->kv_write(bx, &kv, &am, lat, lat);
+        bk_tensor latt = bk_wrap_f32(lat, T, D);
+        m->be->ops->kv_write(m->be->ctx, &kv, &am, &latt, &latt);
         if (s->absorbed) {
             if (mla_absorbed(m, l, &am, q, att, qabs, oabs, tmp, err) < 0) return -1;
         } else if (mla_naive(m, l, &am, q, att, err) < 0) {
@@ -321,15 +346,15 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
         }
         /* output projection + residual */
         MATMUL(&Y->o, att, T, y);
-        op->add(bx, x, y, (int64_t)T * H);
+        h_add(m->be, x, y, (int64_t)T * H);
         /* MLP rmsnorm; dense SwiGLU or MoE; residual */
-        op->rmsnorm(bx, x, Y->ffn_norm, T, H, (float)c->rms_eps, xn);
+        h_rmsnorm(m->be, x, Y->ffn_norm, T, H, (float)c->rms_eps, xn);
         if (!Y->moe) {
             if (swiglu(m, &Y->gate, &Y->up, &Y->down, xn, T, g, u, y, err) < 0) return -1;
         } else if (moe_forward(m, l, xn, T, y, err) < 0) {
             return specd_err_wrap(err, "layer %d", l);
         }
-        op->add(bx, x, y, (int64_t)T * H);
+        h_add(m->be, x, y, (int64_t)T * H);
     }
-    return model_finish_outputs(m, b, x, err);
+    return model_finish_outputs(m, b, &xt, err);
 }

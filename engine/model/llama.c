@@ -384,43 +384,63 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     const model_config *c = &m->cfg;
     const bk_ops *op = m->be->ops;
     void *bx = m->be->ctx;
+    const bool hv = m->be->host_visible;
     const int32_t T = b->n_tokens, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-    /* workspace: x h q k v att | gate up  (all [T, *]) */
-    float *x = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)c->ffn));
-    if (!x) return specd_err_set(err, "out of memory for a %d-token step", T);
-    float *h = x + (size_t)T * H, *q = h + (size_t)T * H, *k = q + (size_t)T * qd, *v = k + (size_t)T * kvd;
-    float *att = v + (size_t)T * kvd, *gate = att + (size_t)T * qd, *up = gate + (size_t)T * c->ffn;
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, naux = b->aux ? b->n_aux : 0;
+    /* workspace: x h q k v att | gate up | ids [T] | aux [T, n_aux * H] (device backends) */
+    float *w0 = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)c->ffn + 1 +
+                                                (hv ? 0 : naux * H)));
+    if (!w0) return specd_err_set(err, "out of memory for a %d-token step", T);
+    bk_cursor wc = {w0};
+    bk_tensor x = bk_take(&wc, T, H), h = bk_take(&wc, T, H), q = bk_take(&wc, T, qd), k = bk_take(&wc, T, kvd);
+    bk_tensor v = bk_take(&wc, T, kvd), att = bk_take(&wc, T, qd), gate = bk_take(&wc, T, c->ffn);
+    bk_tensor up = bk_take(&wc, T, c->ffn), ids = model_ids(m, b, (int32_t *)(void *)bk_take(&wc, T, 1).data);
+    bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : bk_take(&wc, T, naux * H);
 
-    if (op->embed(bx, &m->embed, b->tokens, T, x) < 0) return specd_err_set(err, "token id out of range");
-    bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask};
+    bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
+    if (op->meta_upload(bx, &am) < 0) return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
+    int rc = -1;
+    if (op->embed(bx, &m->embed, &ids, b->tokens, &x) < 0) { specd_err_set(err, "token id out of range"); goto done; }
     const float scale = 1.0f / sqrtf((float)hd);
+#define OPS(call) do { if ((call) < 0) { specd_err_set(err, "%s backend: %s failed", m->be->name, #call); goto done; } } while (0)
     for (int32_t l = 0; l < c->n_layers; l++) {
         const llama_layer *L = &m->layers[l];
-        for (int32_t a = 0; a < b->n_aux; a++)  /* EAGLE-3 capture: residual stream entering layer l */
-            if (b->aux && b->aux_layers[a] == l)
-                for (int32_t t = 0; t < T; t++)
-                    memcpy(b->aux + ((size_t)t * b->n_aux + a) * H, x + (size_t)t * H, sizeof(float) * H);
+        /* the previous layer's MLP residual add, fused into this attention rmsnorm unless the
+         * EAGLE-3 capture needs the residual stream entering layer l first */
+        bool cap = false;
+        for (int32_t a = 0; a < naux; a++) cap |= b->aux_layers[a] == l;
+        if (l > 0 && cap) OPS(op->add(bx, &x, &h));
+        for (int32_t a = 0; a < naux; a++)
+            if (b->aux_layers[a] == l) OPS(op->copy_cols(bx, &aux, (int64_t)a * H, &x));
         /* attention rmsnorm, q/k/v projections, RoPE */
-        op->rmsnorm(bx, x, L->attn_norm, T, H, c->rms_eps, h);
-        if (op->matmul(bx, &L->wq, h, T, q) || op->matmul(bx, &L->wk, h, T, k) || op->matmul(bx, &L->wv, h, T, v))
-            return specd_err_set(err, "matmul failed (out of memory)");
-        op->rope(bx, q, T, nh, hd, hd, b->pos, m->inv_freq, 1.0f, c->rope_neox);
-        op->rope(bx, k, T, nkv, hd, hd, b->pos, m->inv_freq, 1.0f, c->rope_neox);
+        if (l == 0 || cap) OPS(op->rmsnorm(bx, &x, &L->attn_norm_t, c->rms_eps, &h));
+        else OPS(op->add_rmsnorm(bx, &x, &h, &L->attn_norm_t, c->rms_eps, &h));
+        OPS(op->matmul(bx, &L->wq, &h, &q));
+        OPS(op->matmul(bx, &L->wk, &h, &k));
+        OPS(op->matmul(bx, &L->wv, &h, &v));
+        OPS(op->rope(bx, &q, nh, hd, hd, &am, &m->inv_freq_t, 1.0f, c->rope_neox));
+        OPS(op->rope(bx, &k, nkv, hd, hd, &am, &m->inv_freq_t, 1.0f, c->rope_neox));
         /* paged KV write, then causal attention over the cache */
         bk_kv_layer kv = model_kv_layer(m, l);
-        op->kv_write(bx, &kv, &am, k, v);
-        op->attention(bx, &kv, &am, q, nh, scale, att);
-        /* output projection + residual connection */
-        if (op->matmul(bx, &L->wo, att, T, h)) return specd_err_set(err, "matmul failed");
-        op->add(bx, x, h, (int64_t)T * H);
-        /* MLP rmsnorm, SwiGLU, down projection + residual */
-        op->rmsnorm(bx, x, L->ffn_norm, T, H, c->rms_eps, h);
-        if (op->matmul(bx, &L->wgate, h, T, gate) || op->matmul(bx, &L->wup, h, T, up))
-            return specd_err_set(err, "matmul failed");
-        op->silu_mul(bx, gate, up, (int64_t)T * c->ffn, gate);
-        if (op->matmul(bx, &L->wdown, gate, T, h)) return specd_err_set(err, "matmul failed");
-        op->add(bx, x, h, (int64_t)T * H);
+        OPS(op->kv_write(bx, &kv, &am, &k, &v));
+        OPS(op->attention(bx, &kv, &am, &q, nh, scale, &att));
+        /* output projection; residual connection + MLP rmsnorm (fused) */
+        OPS(op->matmul(bx, &L->wo, &att, &h));
+        OPS(op->add_rmsnorm(bx, &x, &h, &L->ffn_norm_t, c->rms_eps, &h));
+        /* SwiGLU, down projection (its residual add is fused into the next norm) */
+        OPS(op->matmul(bx, &L->wgate, &h, &gate));
+        OPS(op->matmul(bx, &L->wup, &h, &up));
+        OPS(op->silu_mul(bx, &gate, &up, &gate));
+        OPS(op->matmul(bx, &L->wdown, &gate, &h));
     }
-    return model_finish_outputs(m, b, x, err);
+    OPS(op->add(bx, &x, &h)); /* the last layer's residual connection */
+#undef OPS
+    if (!hv && naux && op->download(bx, b->aux, aux.data, bk_nbytes(&aux)) < 0) {
+        specd_err_set(err, "%s backend: aux download failed", m->be->name);
+        goto done;
+    }
+    rc = model_finish_outputs(m, b, &x, err);
+done:
+    op->meta_release(bx, &am);
+    return rc;
 }

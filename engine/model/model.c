@@ -31,14 +31,72 @@ typedef struct model_alloc {
     st_model *st;                     /* HF Llama: owned, closed after the weights are gone */
 } model_alloc;
 
-float *model_workspace(model *m, size_t n) {
-    if (n > m->ws_cap) {
-        float *p = realloc(m->ws, n * sizeof(float));
+/* Grow-only backend buffer of n floats (contents not kept when it grows). */
+static float *model_grow(model *m, float **buf, size_t *cap, size_t n) {
+    if (n > *cap) {
+        float *p = m->be->ops->buf_alloc(m->be->ctx, n * sizeof(float));
         if (!p) return NULL;
-        m->ws = p;
-        m->ws_cap = n;
+        m->be->ops->buf_free(m->be->ctx, *buf);
+        *buf = p;
+        *cap = n;
     }
-    return m->ws;
+    return *buf;
+}
+
+float *model_workspace(model *m, size_t n) { return model_grow(m, &m->ws, &m->ws_cap, n); }
+
+int model_vec_place(model *m, float *host, int64_t n, bk_tensor *out, specd_err *err) {
+    if (m->be->host_visible) {
+        *out = bk_wrap_f32(host, 1, n);
+        return 0;
+    }
+    bk_tensor *np = realloc(m->placed, sizeof *np * (size_t)(m->n_placed + 1));
+    if (!np) return specd_err_set(err, "out of memory");
+    m->placed = np;
+    if (bk_tensor_from_host(m->be, host, 1, n, out) < 0)
+        return specd_err_set(err, "cannot place %lld floats in %s memory", (long long)n, m->be->name);
+    m->placed[m->n_placed++] = *out;
+    return 0;
+}
+
+/* Llama layers' weights and norms; DeepSeek-V3 runs on host-visible backends
+ * only for now (its MLA / MoE parts have no device ops yet), so its tensors
+ * stay where the loader put them. */
+int model_place(model *m, specd_err *err) {
+    const model_config *c = &m->cfg;
+    const backend *be = m->be;
+    const int32_t rot = c->arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_rope_dim(m->ds) : c->head_dim;
+    if (model_vec_place(m, m->inv_freq, rot / 2, &m->inv_freq_t, err) < 0 ||
+        model_vec_place(m, m->out_norm, c->hidden, &m->out_norm_t, err) < 0)
+        return -1;
+    const bool tied = m->lm_head.data == m->embed.data;
+    if (be->ops->weight_place(be->ctx, &m->embed, &m->embed) < 0) return specd_err_set(err, "placing the embedding");
+    if (tied) m->lm_head = m->embed;
+    else if (be->ops->weight_place(be->ctx, &m->lm_head, &m->lm_head) < 0)
+        return specd_err_set(err, "placing the LM head");
+    if (c->arch != MODEL_ARCH_LLAMA) {
+        if (!be->host_visible)
+            return specd_err_set(err, "DeepSeek-V3 runs on host-visible backends only (the %s backend has no MLA / "
+                                      "MoE ops yet)", be->name);
+        return 0;
+    }
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        llama_layer *L = &m->layers[l];
+        bk_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (be->ops->weight_place(be->ctx, ws[i], ws[i]) < 0)
+                return specd_err_set(err, "placing layer %d's weights in %s memory", l, be->name);
+        if (model_vec_place(m, L->attn_norm, c->hidden, &L->attn_norm_t, err) < 0 ||
+            model_vec_place(m, L->ffn_norm, c->hidden, &L->ffn_norm_t, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf) {
+    if (m->be->host_visible) return bk_wrap_i32(b->tokens, b->n_tokens, 1);
+    m->be->ops->upload(m->be->ctx, ids_buf, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
+    return bk_wrap_i32(ids_buf, b->n_tokens, 1);
 }
 
 bk_kv_layer model_kv_layer(model *m, int32_t l) {
@@ -71,7 +129,8 @@ static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
     if (nb > (1 << 24)) nb = 1 << 24;
     m->n_blocks = (int32_t)nb;
     m->kv_layer_elems = (size_t)nb * m->block_size * m->cfg.n_kv_heads * m->cfg.head_dim;
-    m->kv = calloc(m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers, sizeof(float));
+    m->kv = m->be->ops->buf_alloc(m->be->ctx,
+                                  m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers * sizeof(float));
     if (!m->kv) return specd_err_set(err, "cannot allocate %lld bytes of KV cache", (long long)(nb * per_block));
     return 0;
 }
@@ -105,6 +164,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
         m->inv_freq[i] = (float)(1.0 / pow((double)m->cfg.rope_theta, (double)(2 * i) / hd));
     if (model_alloc_kv(m, opts, err) < 0) goto fail;
 loaded:
+    if (model_place(m, err) < 0) goto fail;
     LOG_INFO("model %s: %s, %d layers, hidden %d, heads %d/%d, vocab %d, KV %d blocks x %d tokens (%.1f MiB)", path,
              m->cfg.name, m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.vocab, m->n_blocks,
              m->block_size, (double)model_kv_bytes_per_token(m) * m->block_size * m->n_blocks / (1 << 20));
@@ -122,8 +182,13 @@ void model_destroy(model *m) {
     free(m->owned);
     free(m->layers);
     free(m->inv_freq);
-    free(m->kv);
-    free(m->ws);
+    for (int i = 0; i < m->n_placed; i++) bk_tensor_free(m->be, &m->placed[i]);
+    free(m->placed);
+    if (m->be) {
+        m->be->ops->buf_free(m->be->ctx, m->kv);
+        m->be->ops->buf_free(m->be->ctx, m->ws);
+        m->be->ops->buf_free(m->be->ctx, m->ws_out);
+    }
     dsv3_free(m->ds);
     gguf_close(m->gguf);
     st_close(((model_alloc *)m)->st);
@@ -143,19 +208,38 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
     return m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_forward(m, b, err) : llama_forward(m, b, err);
 }
 
-int model_finish_outputs(model *m, const model_batch *b, const float *x, specd_err *err) {
+/* Output rows: gather out_idx rows of x, final norm, then (optionally) the
+ * LM head. On a host-visible backend final_hidden and logits are written in
+ * place (zero copies); otherwise they are computed in ws_out and downloaded,
+ * which is the only device -> host traffic of a step besides aux. */
+int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, specd_err *err) {
     if (b->n_out <= 0 || (!b->logits && !b->final_hidden)) return 0;
-    const int32_t H = m->cfg.hidden;
-    float *xn = malloc(sizeof(float) * (size_t)b->n_out * H);
-    if (!xn) return specd_err_set(err, "out of memory");
-    for (int32_t i = 0; i < b->n_out; i++) memcpy(xn + (size_t)i * H, x + (size_t)b->out_idx[i] * H, sizeof(float) * H);
-    m->be->ops->rmsnorm(m->be->ctx, xn, m->out_norm, b->n_out, H, m->cfg.rms_eps, xn);
-    if (b->final_hidden) memcpy(b->final_hidden, xn, sizeof(float) * (size_t)b->n_out * H);
-    int rc = 0;
-    if (b->logits && m->be->ops->matmul(m->be->ctx, &m->lm_head, xn, b->n_out, b->logits))
-        rc = specd_err_set(err, "LM head matmul failed");
-    free(xn);
-    return rc;
+    const bk_ops *op = m->be->ops;
+    void *bx = m->be->ctx;
+    const bool hv = m->be->host_visible;
+    const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab;
+    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends only) */
+    float *w = model_grow(m, &m->ws_out, &m->ws_out_cap,
+                          (size_t)n + (size_t)n * H + (hv || !b->logits ? 0 : (size_t)n * V));
+    if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
+    bk_tensor idx = bk_wrap_i32(b->out_idx, n, 1);
+    if (!hv) {
+        idx.data = w;
+        if (op->upload(bx, w, b->out_idx, sizeof(int32_t) * (size_t)n) < 0) goto dev_fail;
+    }
+    bk_tensor xn = bk_wrap_f32(w + n, n, H);
+    if (op->gather_rows(bx, x, &idx, &xn) < 0 || op->rmsnorm(bx, &xn, &m->out_norm_t, m->cfg.rms_eps, &xn) < 0)
+        goto dev_fail;
+    if (b->final_hidden && op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n * H) < 0)
+        goto dev_fail;
+    if (b->logits) {
+        bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(w + n + (size_t)n * H, n, V);
+        if (op->matmul(bx, &m->lm_head, &xn, &lg)) return specd_err_set(err, "LM head matmul failed");
+        if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n * V) < 0) goto dev_fail;
+    }
+    return 0;
+dev_fail:
+    return specd_err_set(err, "%s backend: output rows failed", m->be->name);
 }
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }

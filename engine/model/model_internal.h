@@ -8,7 +8,8 @@
 struct dsv3_state;                    /* deepseek_v3.h */
 
 typedef struct llama_layer {
-    float *attn_norm, *ffn_norm;      /* f32 [H] */
+    float *attn_norm, *ffn_norm;      /* f32 [H], host (load) */
+    bk_tensor attn_norm_t, ffn_norm_t; /* the same in backend memory [1, H] (model_place) */
     bk_weight wq, wk, wv, wo;         /* [nh*hd, H], [nkv*hd, H] x2, [H, nh*hd] */
     bk_weight wgate, wup, wdown;      /* [ffn, H] x2, [H, ffn] */
 } llama_layer;
@@ -20,27 +21,50 @@ struct model {
     gguf_file *gguf;                  /* owned, NULL for HF directories */
     bk_weight embed;                  /* [vocab, H] */
     bk_weight lm_head;                /* [vocab, H] (== embed when tied) */
-    float *out_norm;                  /* f32 [H] */
+    float *out_norm;                  /* f32 [H], host (load) */
+    bk_tensor out_norm_t;             /* [1, H] backend memory (model_place) */
     llama_layer *layers;              /* [n_layers] */
-    float *inv_freq;                  /* f32 [head_dim/2]: theta^(-2i/d) */
+    float *inv_freq;                  /* f32 [rot_dim/2]: theta^(-2i/d) (or YaRN), host */
+    bk_tensor inv_freq_t;             /* [1, rot_dim/2] backend memory */
+    bk_tensor *placed;                /* backend copies made by model_place (freed at destroy) */
+    int n_placed;
     void **owned;                     /* converted weight copies, freed at destroy */
     int n_owned;
     struct dsv3_state *ds;            /* DeepSeek-V3 weights and MLA state (NULL for llama) */
-    /* Paged KV storage: per layer kv_planes planes (2: K then V; 1: the MLA latent,
-     * used as both K and V), each [n_blocks, block_size, nkv, hd] f32. */
+    /* Paged KV storage in backend memory: per layer kv_planes planes (2: K then
+     * V; 1: the MLA latent, used as both K and V), each [n_blocks, block_size,
+     * nkv, hd] f32. */
     int32_t kv_planes;
     float *kv;
     int32_t block_size, n_blocks;
     size_t kv_layer_elems;            /* elements of one layer's K (= of V) */
-    /* grow-only activation workspace */
+    /* Activation workspace in backend memory, f32: grow-only (the largest
+     * step seen; model_reserve sizes it at start so no step allocates). */
     float *ws;
-    size_t ws_cap;
+    size_t ws_cap;                    /* floats */
+    float *ws_out;                    /* model_finish_outputs' own region, grow-only */
+    size_t ws_out_cap;
 };
 
+/* Workspace of at least n_floats floats in backend memory (grow-only; NULL on
+ * allocation failure). Earlier contents are not kept when it grows. */
 float *model_workspace(model *m, size_t n_floats);
+
+/* Makes the loaded weights, norms and RoPE frequencies backend-resident
+ * (weight_place; norms wrapped on host-visible backends, uploaded otherwise).
+ * Called once by model_load after the architecture loader. */
+int model_place(model *m, specd_err *err);
+/* A backend tensor [1, n] of host floats: a zero-copy wrap on host-visible
+ * backends, else an upload (owned by the model). */
+int model_vec_place(model *m, float *host, int64_t n, bk_tensor *out, specd_err *err);
 bk_kv_layer model_kv_layer(model *m, int32_t layer);
-/* Final norm + LM head for b->out_idx rows of the residual stream x [T, H]. */
-int model_finish_outputs(model *m, const model_batch *b, const float *x, specd_err *err);
+/* Final norm + LM head for b->out_idx rows of the residual stream x [T, H]
+ * (backend memory); writes b->logits / b->final_hidden (host). */
+int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, specd_err *err);
+/* The batch's token ids [T, 1] as a backend tensor (zero copy on
+ * host-visible backends; else uploaded into ids_buf, I32 backend memory of at
+ * least T entries). */
+bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf);
 tp_style model_linear_parallel(const char *gguf_name);
 
 int llama_load_gguf(model *m, specd_err *err);
@@ -51,5 +75,6 @@ struct hf_config;
 int dsv3_load(model *m, const struct hf_config *hc, specd_err *err);
 int dsv3_forward(model *m, const model_batch *b, specd_err *err);
 void dsv3_free(struct dsv3_state *s); /* NULL ok */
+int32_t dsv3_rope_dim(const struct dsv3_state *s); /* qk_rope_head_dim: the rotated dims per head */
 
 #endif

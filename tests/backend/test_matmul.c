@@ -211,10 +211,10 @@ static void run_format(bk_wtype type, isa_level isa) {
         for (int64_t i = 0; i < T * C; i++) x[i] = frand();
         for (int64_t i = 0; i < C; i += 32) x[2 * C + i + 5] = 300.0f; /* token 2: an outlier per block */
         for (int64_t i = 0; i < C; i++) x[4 * C + i] *= 1e-6f;           /* token 4: tiny activations */
-        assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x, T, y), 0);
+        assert_int_equal(bk_matmul_f32(b1, &m.w, x, T, y), 0);
         check_close(&m, x, T, y, is_block(type) && isa != ISA_PORTABLE);
         if (ref2) { /* AVX-512 == AVX2, every token, bit for bit */
-            assert_int_equal(ref2->ops->matmul(ref2->ctx, &m.w, x, T, y3), 0);
+            assert_int_equal(bk_matmul_f32(ref2, &m.w, x, T, y3), 0);
             for (int64_t i = 0; i < T * rows; i++)
                 if (memcmp(&y[i], &y3[i], sizeof(float)))
                     fail_msg("type %d cols %lld token %lld row %lld: avx512 %.9g != avx2 %.9g", (int)type,
@@ -222,22 +222,22 @@ static void run_format(bk_wtype type, isa_level isa) {
         }
         /* batch invariance: alone, 3 threads, every batch size */
         for (int32_t t = 0; t < T; t++) {
-            assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x + (size_t)t * C, 1, y1), 0);
+            assert_int_equal(bk_matmul_f32(b1, &m.w, x + (size_t)t * C, 1, y1), 0);
             assert_memory_equal(y1, y + (size_t)t * rows, sizeof(float) * (size_t)rows);
         }
-        assert_int_equal(b3->ops->matmul(b3->ctx, &m.w, x, T, y3), 0);
+        assert_int_equal(bk_matmul_f32(b3, &m.w, x, T, y3), 0);
         assert_memory_equal(y3, y, sizeof(float) * T * (size_t)rows);
         for (int32_t n = 2; n <= T; n++) {
-            assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x + (size_t)(T - n) * C, n, y3), 0);
+            assert_int_equal(bk_matmul_f32(b1, &m.w, x + (size_t)(T - n) * C, n, y3), 0);
             assert_memory_equal(y3, y + (size_t)(T - n) * rows, sizeof(float) * (size_t)n * (size_t)rows);
         }
         /* zeros give exact zeros; a NaN or an Inf in a token makes its outputs non-finite */
         memset(x, 0, sizeof(float) * (size_t)C);
         x[C + 7] = NAN;
         x[2 * C + C - 1] = INFINITY;
-        assert_int_equal(b1->ops->matmul(b1->ctx, &m.w, x, 3, y), 0);
+        assert_int_equal(bk_matmul_f32(b1, &m.w, x, 3, y), 0);
         if (ref2) { /* the same bits for zero / NaN / Inf inputs too */
-            assert_int_equal(ref2->ops->matmul(ref2->ctx, &m.w, x, 3, y3), 0);
+            assert_int_equal(bk_matmul_f32(ref2, &m.w, x, 3, y3), 0);
             assert_memory_equal(y, y3, sizeof(float) * 3 * (size_t)rows);
         }
         for (int64_t r = 0; r < rows; r++) {

@@ -30,9 +30,9 @@ static uint32_t next32(void) {
 }
 
 static double time_mm(backend *be, const bk_weight *w, const float *x, int T, float *y, int it) {
-    be->ops->matmul(be->ctx, w, x, T, y); /* warm */
+    bk_matmul_f32(be, w, x, T, y); /* warm */
     double t0 = now();
-    for (int i = 0; i < it; i++) be->ops->matmul(be->ctx, w, x, T, y);
+    for (int i = 0; i < it; i++) bk_matmul_f32(be, w, x, T, y);
     return (now() - t0) / it;
 }
 
@@ -58,7 +58,7 @@ static int bench_experts(int it) {
         {"f32 (dequantized at load)", &wf, R * C * 4.0},
     };
     for (int T = 1; T <= 4; T += 3) {
-        be->ops->matmul(be->ctx, &wf, x, T, y2);
+        bk_matmul_f32(be, &wf, x, T, y2);
         for (int k = 0; k < 3; k++) {
             double s = time_mm(be, F[k].w, x, T, y, it);
             double e = 0;
