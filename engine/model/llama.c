@@ -48,7 +48,7 @@ tp_style model_linear_parallel(const char *gguf_name) {
 
 /* ------------------------------------------------------------ loading */
 
-static void *model_own(model *m, size_t bytes) {
+void *model_own(model *m, size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     if (!p) return NULL;
     void **n = realloc(m->owned, sizeof(void *) * (size_t)(m->n_owned + 1));
@@ -385,16 +385,17 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     const bk_ops *op = m->be->ops;
     void *bx = m->be->ctx;
     const bool hv = m->be->host_visible;
-    const int32_t T = b->n_tokens, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    /* this rank's heads, KV heads and MLP width (all of them at TP 1; tp_shard.c) */
+    const int32_t T = b->n_tokens, H = c->hidden, nh = m->nh_l, nkv = m->nkv_l, hd = c->head_dim, F = m->ffn_l;
     const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, naux = b->aux ? b->n_aux : 0;
     /* workspace: x h q k v att | gate up | ids [T] | aux [T, n_aux * H] (device backends) */
-    float *w0 = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)c->ffn + 1 +
+    float *w0 = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)F + 1 +
                                                 (hv ? 0 : naux * H)));
     if (!w0) return specd_err_set(err, "out of memory for a %d-token step", T);
     bk_cursor wc = {w0};
     bk_tensor x = bk_take(&wc, T, H), h = bk_take(&wc, T, H), q = bk_take(&wc, T, qd), k = bk_take(&wc, T, kvd);
-    bk_tensor v = bk_take(&wc, T, kvd), att = bk_take(&wc, T, qd), gate = bk_take(&wc, T, c->ffn);
-    bk_tensor up = bk_take(&wc, T, c->ffn), ids = model_ids(m, b, (int32_t *)(void *)bk_take(&wc, T, 1).data);
+    bk_tensor v = bk_take(&wc, T, kvd), att = bk_take(&wc, T, qd), gate = bk_take(&wc, T, F);
+    bk_tensor up = bk_take(&wc, T, F), ids = model_ids(m, b, (int32_t *)(void *)bk_take(&wc, T, 1).data);
     bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : bk_take(&wc, T, naux * H);
 
     bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
@@ -424,14 +425,16 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
         bk_kv_layer kv = model_kv_layer(m, l);
         OPS(op->kv_write(bx, &kv, &am, &k, &v));
         OPS(op->attention(bx, &kv, &am, &q, nh, scale, &att));
-        /* output projection; residual connection + MLP rmsnorm (fused) */
+        /* output projection (row-parallel: partial sums all-reduced); residual connection + MLP rmsnorm (fused) */
         OPS(op->matmul(bx, &L->wo, &att, &h));
+        if (model_tp_all_reduce(m, &h, err) < 0) goto done;
         OPS(op->add_rmsnorm(bx, &x, &h, &L->ffn_norm_t, c->rms_eps, &h));
         /* SwiGLU, down projection (its residual add is fused into the next norm) */
         OPS(op->matmul(bx, &L->wgate, &h, &gate));
         OPS(op->matmul(bx, &L->wup, &h, &up));
         OPS(op->silu_mul(bx, &gate, &up, &gate));
         OPS(op->matmul(bx, &L->wdown, &gate, &h));
+        if (model_tp_all_reduce(m, &h, err) < 0) goto done;
     }
     OPS(op->add(bx, &x, &h)); /* the last layer's residual connection */
 #undef OPS

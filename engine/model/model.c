@@ -105,7 +105,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
         .v = m->kv_planes == 1 ? m->kv + (size_t)l * m->kv_layer_elems
                                : m->kv + ((size_t)l * 2 + 1) * m->kv_layer_elems,
         .block_size = m->block_size,
-        .n_kv_heads = m->cfg.n_kv_heads,
+        .n_kv_heads = m->nkv_l,
         .head_dim = m->cfg.head_dim,
         .n_blocks = m->n_blocks,
     };
@@ -113,7 +113,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
 }
 
 int64_t model_kv_bytes_per_token(const model *m) {
-    return (int64_t)m->cfg.n_layers * m->kv_planes * m->cfg.n_kv_heads * m->cfg.head_dim * (int64_t)sizeof(float);
+    return (int64_t)m->cfg.n_layers * m->kv_planes * m->nkv_l * m->cfg.head_dim * (int64_t)sizeof(float);
 }
 
 static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
@@ -128,7 +128,7 @@ static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
     if (nb < 1) return specd_err_set(err, "KV budget holds no block (one block needs %lld bytes)", (long long)per_block);
     if (nb > (1 << 24)) nb = 1 << 24;
     m->n_blocks = (int32_t)nb;
-    m->kv_layer_elems = (size_t)nb * m->block_size * m->cfg.n_kv_heads * m->cfg.head_dim;
+    m->kv_layer_elems = (size_t)nb * m->block_size * m->nkv_l * m->cfg.head_dim;
     m->kv = m->be->ops->buf_alloc(m->be->ctx,
                                   m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers * sizeof(float));
     if (!m->kv) return specd_err_set(err, "cannot allocate %lld bytes of KV cache", (long long)(nb * per_block));
@@ -145,14 +145,17 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     snprintf(m->path, sizeof m->path, "%s", path);
     m->be = be;
     m->kv_planes = 2;
+    m->tp = opts ? opts->tp : NULL;
     if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
         hf_config hc;
         if (hf_config_load(path, &hc, err) < 0) goto fail;
         if (hc.arch == MODEL_ARCH_LLAMA) {
-            if (llama_load_hf(m, &hc, &ma->st, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
+            if (llama_load_hf(m, &hc, &ma->st, err) < 0 || model_tp_shard(m, err) < 0 ||
+                model_alloc_kv(m, opts, err) < 0)
+                goto fail;
             goto loaded;
         }
-        if (dsv3_load(m, &hc, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
+        if (dsv3_load(m, &hc, err) < 0 || model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
         goto loaded;
     }
     if (gguf_open(path, &m->gguf, err) < 0) goto fail;
@@ -162,7 +165,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     if (!m->inv_freq) { specd_err_set(err, "out of memory"); goto fail; }
     for (int32_t i = 0; i < hd / 2; i++) /* RoPE frequencies (Su et al. 2021): theta^(-2i/d) */
         m->inv_freq[i] = (float)(1.0 / pow((double)m->cfg.rope_theta, (double)(2 * i) / hd));
-    if (model_alloc_kv(m, opts, err) < 0) goto fail;
+    if (model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
 loaded:
     if (model_place(m, err) < 0) goto fail;
     LOG_INFO("model %s: %s, %d layers, hidden %d, heads %d/%d, vocab %d, KV %d blocks x %d tokens (%.1f MiB)", path,
@@ -211,16 +214,19 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
 /* Output rows: gather out_idx rows of x, final norm, then (optionally) the
  * LM head. On a host-visible backend final_hidden and logits are written in
  * place (zero copies); otherwise they are computed in ws_out and downloaded,
- * which is the only device -> host traffic of a step besides aux. */
+ * which is the only device -> host traffic of a step besides aux. With a
+ * vocabulary-parallel LM head each rank computes its V/N columns, they are
+ * all-gathered rank-major ([N, n, V/N]) and interleaved into [n, V] on the
+ * host. */
 int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, specd_err *err) {
     if (b->n_out <= 0 || (!b->logits && !b->final_hidden)) return 0;
     const bk_ops *op = m->be->ops;
     void *bx = m->be->ctx;
-    const bool hv = m->be->host_visible;
-    const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab;
-    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends only) */
-    float *w = model_grow(m, &m->ws_out, &m->ws_out_cap,
-                          (size_t)n + (size_t)n * H + (hv || !b->logits ? 0 : (size_t)n * V));
+    const bool hv = m->be->host_visible, split = m->vocab_split && m->tp_size > 1;
+    const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab, Vl = m->vocab_l, N = m->tp_size;
+    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N] */
+    const size_t lg_floats = !b->logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) : hv ? 0 : (size_t)n * V;
+    float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, (size_t)n + (size_t)n * H + lg_floats);
     if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
     bk_tensor idx = bk_wrap_i32(b->out_idx, n, 1);
     if (!hv) {
@@ -232,11 +238,29 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
         goto dev_fail;
     if (b->final_hidden && op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n * H) < 0)
         goto dev_fail;
-    if (b->logits) {
-        bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(w + n + (size_t)n * H, n, V);
+    if (!b->logits) return 0;
+    float *lw = w + n + (size_t)n * H;
+    if (!split) {
+        bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(lw, n, V);
         if (op->matmul(bx, &m->lm_head, &xn, &lg)) return specd_err_set(err, "LM head matmul failed");
         if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n * V) < 0) goto dev_fail;
+        return 0;
     }
+    bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (size_t)n * Vl, (int64_t)N * n, Vl);
+    if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
+    if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");
+    float *host = hv ? bk_f32(&all) : b->logits; /* device: download [N, n, Vl] into logits, then permute in place */
+    if (!hv) {
+        if (op->download(bx, b->logits, all.data, bk_nbytes(&all)) < 0) goto dev_fail;
+        float *tmp = malloc(bk_nbytes(&all));
+        if (!tmp) return specd_err_set(err, "out of memory");
+        memcpy(tmp, b->logits, bk_nbytes(&all));
+        host = tmp;
+    }
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t r = 0; r < N; r++)
+            memcpy(b->logits + (size_t)i * V + (size_t)r * Vl, host + ((size_t)r * n + i) * Vl, sizeof(float) * Vl);
+    if (!hv) free(host);
     return 0;
 dev_fail:
     return specd_err_set(err, "%s backend: output rows failed", m->be->name);

@@ -11,8 +11,11 @@
  * Threading: engine thread only.
  *
  * Architectures: "llama" (GGUF or HF safetensors). Every linear is declared
- * column-parallel, row-parallel or replicated (model_linear_parallel) so the
- * loader can slice weights per tensor-parallel rank; TP = 1 for now.
+ * column-parallel, row-parallel or replicated (model_linear_parallel); with a
+ * model_comm in the load options the loader keeps only this rank's slices
+ * (Megatron-LM layout, engine/model/tp_shard.c) and the forward pass
+ * all-reduces after each row-parallel linear. Every rank runs the same
+ * model_forward on the same batch, in lock step.
  */
 #ifndef SPECD_MODEL_MODEL_H
 #define SPECD_MODEL_MODEL_H
@@ -47,11 +50,38 @@ typedef struct model_config {
 
 typedef struct model model;
 
+/* The collectives a tensor-parallel model needs, on backend memory (host
+ * memory for the CPU backend: engine/comm's shm group; device memory for a
+ * GPU backend: cuda_ipc / NCCL). Every rank calls them in the same order
+ * with the same shapes. Errors: -1 with err set (the group is then aborted). */
+typedef struct model_comm {
+    int32_t rank, size;
+    /* x [rows, cols] f32, summed over the ranks in place; the result must be
+     * identical on every rank and its per-element order fixed (rank order),
+     * so that a row's result does not depend on the batch. */
+    int (*all_reduce)(void *ctx, bk_tensor *x, specd_err *err);
+    /* in [rows, cols] f32 on every rank -> out [size * rows, cols], rank r's
+     * rows at r * rows (rank-major). */
+    int (*all_gather)(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err);
+    void *ctx;
+} model_comm;
+
 typedef struct model_load_opts {
     int32_t block_size;      /* KV tokens per block (16 default) */
-    int64_t kv_bytes;        /* KV storage budget in bytes (all layers, K and V) */
+    int64_t kv_bytes;        /* KV storage budget in bytes (this rank: all layers, K and V) */
     int32_t n_blocks;        /* if > 0, overrides kv_bytes */
+    const model_comm *tp;    /* tensor-parallel group (must outlive the model), or NULL = TP 1 */
 } model_load_opts;
+
+/* This rank's share of the model (tensor parallelism; the whole model at TP 1). */
+typedef struct model_shard_info {
+    int32_t rank, size;
+    int32_t n_heads, n_kv_heads, ffn; /* local attention heads, KV heads (replicated when fewer than ranks), MLP width */
+    int32_t vocab_rows;      /* LM-head rows held here (vocabulary-parallel), or the whole vocabulary */
+    int64_t weight_bytes;    /* bytes of weights this rank keeps in backend memory or maps (its slices) */
+    int64_t kv_bytes;        /* KV pool of this rank */
+} model_shard_info;
+void model_get_shard(const model *m, model_shard_info *out);
 
 /* Loads a GGUF file (llama architecture) or an HF directory. The KV storage
  * is allocated here from opts. The backend must outlive the model. */

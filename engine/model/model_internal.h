@@ -44,6 +44,14 @@ struct model {
     size_t ws_cap;                    /* floats */
     float *ws_out;                    /* model_finish_outputs' own region, grow-only */
     size_t ws_out_cap;
+    /* Tensor parallelism (tp_shard.c). TP 1: tp == NULL, the local sizes equal the config's. */
+    const model_comm *tp;
+    int32_t tp_rank, tp_size;
+    int32_t nh_l, nkv_l, kv_h0;       /* local q heads, local KV heads, first global KV head held */
+    int32_t ffn_l;                    /* local MLP width */
+    int32_t vocab_l;                  /* LM-head rows held (vocab / size when split, else vocab) */
+    bool vocab_split;                 /* LM head vocabulary-parallel (logits all-gathered) */
+    int64_t weight_bytes;             /* this rank's weight bytes (after slicing) */
 };
 
 /* Workspace of at least n_floats floats in backend memory (grow-only; NULL on
@@ -68,6 +76,16 @@ bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf);
 tp_style model_linear_parallel(const char *gguf_name);
 
 int llama_load_gguf(model *m, specd_err *err);
+/* A zeroed host allocation freed with the model (converted weight copies). */
+void *model_own(model *m, size_t bytes);
+
+/* tp_shard.c: plans this rank's share from the config (refusing TP sizes
+ * that do not divide what must be divided, with the reason) and slices the
+ * loaded Llama weights to it; TP 1 just fills the local sizes. Called by
+ * model_load after the architecture loader, before the KV pool is sized. */
+int model_tp_shard(model *m, specd_err *err);
+/* Sum of x over the ranks (after a row-parallel linear); no-op at TP 1. */
+int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);
 
 /* deepseek_v3.c: loads the HF directory m->path (config already parsed). */

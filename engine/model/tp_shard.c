@@ -1,0 +1,152 @@
+/*
+ * tp_shard.c: tensor parallelism for the Llama family: which slice of each
+ * weight this rank keeps, and the collectives of the forward pass.
+ *
+ * Layout (Megatron-LM, Shoeybi et al. 2019; vLLM's QKV/MergedColumn/Row
+ * parallel linears): with N ranks, rank r keeps
+ *   q_proj      rows of its heads [r * nh/N, (r+1) * nh/N)          column
+ *   k/v_proj    rows of its KV heads: [r * nkv/N, ...) when N divides nkv;
+ *               when nkv divides N (fewer KV heads than ranks) the one KV
+ *               head its q heads use, head r / (N / nkv), replicated on
+ *               N / nkv ranks (vLLM does the same)                     column
+ *   o_proj      the input columns of its heads                        row
+ *   gate/up     rows [r * ffn/N, (r+1) * ffn/N)                         column
+ *   down        the same input columns                                row
+ *   lm_head     rows [r * V/N, (r+1) * V/N) (vocabulary-parallel; the logits
+ *               of the output rows are all-gathered) when N divides V, else
+ *               the whole head on every rank
+ *   embedding, norms: replicated (the embedding stays a view of the mapped
+ *               file, so a rank only touches the rows of the ids it embeds).
+ * After o_proj and down the partial sums are all-reduced in rank order
+ * (model_comm.all_reduce), so the residual stream is identical on every
+ * rank, which is what EAGLE-3 reads as its aux hidden states.
+ * Column slices are views (contiguous rows); row slices are copies of the
+ * byte range of each row, which for block formats (Q8_0 / Q4_x, 32 values
+ * per block) must start and end on a block: a TP size whose slices would
+ * cut a block is refused with the reason, as is one that does not divide the
+ * heads, the KV heads (either way) or the MLP width.
+ * Threading: load time, one thread.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/model_internal.h"
+#include "engine/util/log.h"
+
+/* Bytes of `n` values of one row of a weight of type t (n % 32 == 0 for the
+ * block formats), or 0 for a format that cannot be cut there. */
+static size_t span_bytes(bk_wtype t, int64_t n) {
+    switch (t) {
+    case BK_W_F32: return 4 * (size_t)n;
+    case BK_W_BF16:
+    case BK_W_F16: return 2 * (size_t)n;
+    case BK_W_Q8_0: return n % 32 ? 0 : (size_t)(n / 32) * 34;
+    case BK_W_Q4_0: return n % 32 ? 0 : (size_t)(n / 32) * 18;
+    case BK_W_Q4_1: return n % 32 ? 0 : (size_t)(n / 32) * 20;
+    default: return 0; /* I4G32 (DeepSeek-V3 experts) is sliced by its own loader */
+    }
+}
+
+/* Column-parallel: rows [r0, r0 + n) (a view). */
+static void slice_rows(bk_weight *w, int64_t r0, int64_t n) {
+    w->data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    w->rows = n;
+}
+
+/* Row-parallel: input columns [c0, c0 + n) of every row (an owned copy). */
+static int slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64_t n, specd_err *err) {
+    const size_t off = span_bytes(w->type, c0), len = span_bytes(w->type, n);
+    if ((c0 && !off) || !len)
+        return specd_err_set(err, "tensor parallel size %d: %s cannot be split at column %lld (%lld columns per rank "
+                                  "would cut a 32-value block of its format)",
+                             m->tp_size, what, (long long)c0, (long long)n);
+    uint8_t *dst = model_own(m, len * (size_t)w->rows);
+    if (!dst) return specd_err_set(err, "out of memory slicing %s", what);
+    for (int64_t r = 0; r < w->rows; r++)
+        memcpy(dst + (size_t)r * len, (const uint8_t *)w->data + (size_t)r * w->row_bytes + off, len);
+    w->data = dst;
+    w->row_bytes = len;
+    w->cols = n;
+    return 0;
+}
+
+static int64_t weight_bytes(const bk_weight *w) { return (int64_t)w->rows * (int64_t)w->row_bytes; }
+
+int model_tp_shard(model *m, specd_err *err) {
+    const model_config *c = &m->cfg;
+    const int32_t N = m->tp ? m->tp->size : 1, r = m->tp ? m->tp->rank : 0;
+    m->tp_size = N;
+    m->tp_rank = r;
+    m->nh_l = c->n_heads;
+    m->nkv_l = c->n_kv_heads;
+    m->kv_h0 = 0;
+    m->ffn_l = c->ffn;
+    m->vocab_l = c->vocab;
+    m->vocab_split = false;
+    if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
+    if (N > 1 && c->arch != MODEL_ARCH_LLAMA)
+        return specd_err_set(err, "tensor parallelism is implemented for Llama-family models only (this is %s)",
+                             c->name);
+    if (N > 1) {
+        if (c->n_heads % N)
+            return specd_err_set(err, "tensor parallel size %d does not divide the %d attention heads", N, c->n_heads);
+        if (c->n_kv_heads % N && N % c->n_kv_heads)
+            return specd_err_set(err, "tensor parallel size %d and the %d KV heads: neither divides the other", N,
+                                 c->n_kv_heads);
+        if (c->ffn % N)
+            return specd_err_set(err, "tensor parallel size %d does not divide the MLP width %d", N, c->ffn);
+        m->nh_l = c->n_heads / N;
+        m->nkv_l = c->n_kv_heads % N == 0 ? c->n_kv_heads / N : 1;
+        m->kv_h0 = c->n_kv_heads % N == 0 ? r * m->nkv_l : r / (N / c->n_kv_heads);
+        m->ffn_l = c->ffn / N;
+        m->vocab_split = c->vocab % N == 0;
+        m->vocab_l = m->vocab_split ? c->vocab / N : c->vocab;
+        if (!m->vocab_split)
+            LOG_INFO("tensor parallel: vocabulary %d is not divisible by %d: the LM head is replicated", c->vocab, N);
+    }
+    int64_t bytes = weight_bytes(&m->embed) + (int64_t)(2 * c->n_layers + 1) * c->hidden * 4;
+    const int32_t hd = c->head_dim;
+    const bool tied = m->lm_head.data == m->embed.data; /* a tied head is a view of the embedding, counted above */
+    if (m->vocab_split) slice_rows(&m->lm_head, (int64_t)r * m->vocab_l, m->vocab_l);
+    if (!tied) bytes += weight_bytes(&m->lm_head);
+    for (int32_t l = 0; l < c->n_layers && c->arch == MODEL_ARCH_LLAMA; l++) {
+        llama_layer *L = &m->layers[l];
+        char what[64];
+        if (N > 1) {
+            slice_rows(&L->wq, (int64_t)r * m->nh_l * hd, (int64_t)m->nh_l * hd);
+            slice_rows(&L->wk, (int64_t)m->kv_h0 * hd, (int64_t)m->nkv_l * hd);
+            slice_rows(&L->wv, (int64_t)m->kv_h0 * hd, (int64_t)m->nkv_l * hd);
+            slice_rows(&L->wgate, (int64_t)r * m->ffn_l, m->ffn_l);
+            slice_rows(&L->wup, (int64_t)r * m->ffn_l, m->ffn_l);
+            snprintf(what, sizeof what, "layer %d o_proj", l);
+            if (slice_cols(m, what, &L->wo, (int64_t)r * m->nh_l * hd, (int64_t)m->nh_l * hd, err) < 0) return -1;
+            snprintf(what, sizeof what, "layer %d down_proj", l);
+            if (slice_cols(m, what, &L->wdown, (int64_t)r * m->ffn_l, m->ffn_l, err) < 0) return -1;
+        }
+        const bk_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) bytes += weight_bytes(ws[i]);
+    }
+    m->weight_bytes = bytes;
+    if (N > 1)
+        LOG_INFO("tensor parallel rank %d/%d: %d of %d heads, KV heads %d..%d of %d, MLP %d of %d, LM head %s, "
+                 "%.1f MiB of weights",
+                 r, N, m->nh_l, c->n_heads, m->kv_h0, m->kv_h0 + m->nkv_l - 1, c->n_kv_heads, m->ffn_l, c->ffn,
+                 m->vocab_split ? "split by vocabulary" : "replicated", (double)bytes / (1 << 20));
+    return 0;
+}
+
+int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err) {
+    if (m->tp_size <= 1) return 0;
+    return m->tp->all_reduce(m->tp->ctx, x, err);
+}
+
+void model_get_shard(const model *m, model_shard_info *o) {
+    o->rank = m->tp_rank;
+    o->size = m->tp_size;
+    o->n_heads = m->nh_l;
+    o->n_kv_heads = m->nkv_l;
+    o->ffn = m->ffn_l;
+    o->vocab_rows = m->vocab_l;
+    o->weight_bytes = m->weight_bytes;
+    o->kv_bytes = model_kv_bytes_per_token(m) * m->block_size * m->n_blocks;
+}
