@@ -69,10 +69,16 @@ int model_place(model *m, specd_err *err) {
     if (model_vec_place(m, m->inv_freq, rot / 2, &m->inv_freq_t, err) < 0 ||
         model_vec_place(m, m->out_norm, c->hidden, &m->out_norm_t, err) < 0)
         return -1;
-    const bool tied = m->lm_head.data == m->embed.data;
+    /* a tied LM head is a view of the embedding (its vocabulary slice at TP > 1): keep it one */
+    const bool tied = c->tied_embeddings;
+    const ptrdiff_t head_off = (const char *)m->lm_head.data - (const char *)m->embed.data;
+    const int64_t head_rows = m->lm_head.rows;
     if (be->ops->weight_place(be->ctx, &m->embed, &m->embed) < 0) return specd_err_set(err, "placing the embedding");
-    if (tied) m->lm_head = m->embed;
-    else if (be->ops->weight_place(be->ctx, &m->lm_head, &m->lm_head) < 0)
+    if (tied) {
+        m->lm_head = m->embed;
+        m->lm_head.data = (const char *)m->embed.data + head_off;
+        m->lm_head.rows = head_rows;
+    } else if (be->ops->weight_place(be->ctx, &m->lm_head, &m->lm_head) < 0)
         return specd_err_set(err, "placing the LM head");
     if (c->arch != MODEL_ARCH_LLAMA) {
         if (!be->host_visible)

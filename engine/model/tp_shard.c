@@ -106,7 +106,7 @@ int model_tp_shard(model *m, specd_err *err) {
     }
     int64_t bytes = weight_bytes(&m->embed) + (int64_t)(2 * c->n_layers + 1) * c->hidden * 4;
     const int32_t hd = c->head_dim;
-    const bool tied = m->lm_head.data == m->embed.data; /* a tied head is a view of the embedding, counted above */
+    const bool tied = c->tied_embeddings; /* a tied head is a view of the embedding, counted above */
     if (m->vocab_split) slice_rows(&m->lm_head, (int64_t)r * m->vocab_l, m->vocab_l);
     if (!tied) bytes += weight_bytes(&m->lm_head);
     for (int32_t l = 0; l < c->n_layers && c->arch == MODEL_ARCH_LLAMA; l++) {

@@ -1,0 +1,166 @@
+/*
+ * tp.c: tensor-parallel serving (tp.h): the step message, the worker loop and
+ * the shm model_comm adapter. The layout of the message is tp.h's.
+ * Threading: see tp.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/runtime/tp.h"
+#include "engine/util/log.h"
+
+enum { TP_WANT_LOGITS = 1, TP_TREE = 2 };
+#define TP_HDR 5 /* int32 header words */
+
+/* ------------------------------------------------------------ model_comm over shm */
+
+static int shm_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
+    return comm_all_reduce_sum_f32((comm *)ctx, bk_f32(x), (size_t)x->rows * (size_t)x->cols, err);
+}
+static int shm_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
+    return comm_all_gather((comm *)ctx, in->data, bk_nbytes(in), out->data, err);
+}
+
+void tp_model_comm_shm(comm *c, model_comm *out) {
+    out->rank = comm_rank(c);
+    out->size = comm_world(c);
+    out->all_reduce = shm_all_reduce;
+    out->all_gather = shm_all_gather;
+    out->ctx = c;
+}
+
+/* ------------------------------------------------------------ the step message */
+
+/* Block-table entries sequence s needs: up to its largest position this step. */
+static int32_t seq_blocks(const model_batch *b, int32_t s, int32_t bs) {
+    int32_t mx = -1;
+    for (int32_t i = 0; i < b->n_tokens; i++)
+        if (b->seq_of[i] == s && b->pos[i] > mx) mx = b->pos[i];
+    return mx < 0 ? 0 : mx / bs + 1;
+}
+
+int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) {
+    const int32_t T = b->n_tokens, S = b->n_seqs, bs = model_kv_block_size(m);
+    const int32_t naux = b->aux ? b->n_aux : 0;
+    size_t words = TP_HDR + 3 * (size_t)T + (size_t)S + (size_t)b->n_out + (size_t)naux;
+    for (int32_t s = 0; s < S; s++) words += (size_t)seq_blocks(b, s, bs);
+    const size_t bytes = words * 4 + (b->tree_mask ? (size_t)T * T : 0);
+    if (bytes > comm_step_max_bytes(c))
+        return specd_err_set(err, "tensor parallel: a %d-token step needs %zu bytes, the step channel holds %zu", T,
+                             bytes, comm_step_max_bytes(c));
+    int32_t *w = malloc(bytes);
+    if (!w) return specd_err_set(err, "out of memory");
+    int32_t *p = w;
+    *p++ = T;
+    *p++ = S;
+    *p++ = b->n_out;
+    *p++ = naux;
+    *p++ = (b->logits ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
+    memcpy(p, b->tokens, 4 * (size_t)T), p += T;
+    memcpy(p, b->pos, 4 * (size_t)T), p += T;
+    memcpy(p, b->seq_of, 4 * (size_t)T), p += T;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t nb = seq_blocks(b, s, bs);
+        *p++ = nb;
+        if (nb) memcpy(p, b->block_tables[s], 4 * (size_t)nb), p += nb;
+    }
+    if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
+    if (naux) memcpy(p, b->aux_layers, 4 * (size_t)naux), p += naux;
+    if (b->tree_mask) memcpy(p, b->tree_mask, (size_t)T * T);
+    const int rc = comm_step_send(c, COMM_STEP_DATA, w, bytes, err);
+    free(w);
+    return rc;
+}
+
+/* Rebuilds a model_batch pointing into msg (n bytes); tables: room for n_seqs pointers. */
+static int step_parse(const int32_t *msg, size_t n, model_batch *b, const int32_t ***tables, specd_err *err) {
+    const int32_t *p = msg, *end = msg + n / 4;
+    if (n < TP_HDR * 4) return specd_err_set(err, "tensor parallel: short step message (%zu bytes)", n);
+    memset(b, 0, sizeof *b);
+    const int32_t T = p[0], S = p[1], no = p[2], na = p[3], fl = p[4];
+    p += TP_HDR;
+    if (T <= 0 || S <= 0 || no < 0 || na < 0 || (size_t)(end - p) < 3 * (size_t)T + (size_t)S)
+        return specd_err_set(err, "tensor parallel: malformed step message");
+    b->n_tokens = T;
+    b->n_seqs = S;
+    b->tokens = p, p += T;
+    b->pos = p, p += T;
+    b->seq_of = p, p += T;
+    const int32_t **tb = realloc((void *)*tables, sizeof *tb * (size_t)S);
+    if (!tb) return specd_err_set(err, "out of memory");
+    *tables = tb;
+    for (int32_t s = 0; s < S; s++) {
+        if (p >= end || *p < 0 || end - p - 1 < *p) return specd_err_set(err, "tensor parallel: malformed block table");
+        const int32_t nb = *p++;
+        tb[s] = p;
+        p += nb;
+    }
+    b->block_tables = tb;
+    if (end - p < (ptrdiff_t)no + na) return specd_err_set(err, "tensor parallel: malformed step message");
+    b->n_out = no;
+    b->out_idx = p, p += no;
+    p += na; /* aux layers: rank 0 alone captures them */
+    if (fl & TP_TREE) {
+        if ((size_t)((const char *)msg + n - (const char *)p) < (size_t)T * T)
+            return specd_err_set(err, "tensor parallel: truncated tree mask");
+        b->tree_mask = (const uint8_t *)p;
+    }
+    return fl;
+}
+
+int tp_worker_run(comm *c, model *m, specd_err *err) {
+    const size_t cap = comm_step_max_bytes(c);
+    int32_t *msg = malloc(cap);
+    const int32_t **tables = NULL;
+    float *logits = NULL;
+    size_t logits_cap = 0;
+    const int32_t V = model_get_config(m)->vocab;
+    int rc = -1;
+    if (!msg) { specd_err_set(err, "out of memory"); goto done; }
+    for (;;) {
+        size_t n = 0;
+        comm_step_kind kind;
+        if (comm_step_recv(c, msg, cap, &n, &kind, 0, err) < 0) goto done;
+        if (kind == COMM_STEP_SHUTDOWN) { rc = 0; goto done; }
+        model_batch b;
+        const int fl = step_parse(msg, n, &b, &tables, err);
+        if (fl < 0) { comm_abort(c, err->msg); goto done; }
+        if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
+            const size_t need = (size_t)b.n_out * (size_t)V;
+            if (need > logits_cap) {
+                float *nl = realloc(logits, need * sizeof *nl);
+                if (!nl) { specd_err_set(err, "out of memory"); comm_abort(c, err->msg); goto done; }
+                logits = nl;
+                logits_cap = need;
+            }
+            b.logits = logits;
+        }
+        if (model_forward(m, &b, err) < 0) {
+            char why[COMM_REASON_MAX];
+            snprintf(why, sizeof why, "worker forward failed: %.200s", err->msg);
+            comm_abort(c, why);
+            goto done;
+        }
+    }
+done:
+    free(msg);
+    free((void *)tables);
+    free(logits);
+    return rc;
+}
+
+int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err) {
+    tp_runner *r = ctx;
+    if (tp_step_post(r->c, r->m, b, err) < 0) {
+        comm_abort(r->c, err->msg);
+        return -1;
+    }
+    if (model_forward(r->m, b, err) < 0) {
+        char why[COMM_REASON_MAX];
+        snprintf(why, sizeof why, "rank 0 forward failed: %.200s", err->msg);
+        comm_abort(r->c, why);
+        return -1;
+    }
+    return 0;
+}

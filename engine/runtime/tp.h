@@ -1,0 +1,54 @@
+/*
+ * tp.h: tensor-parallel serving on top of engine/comm: what rank 0 sends
+ * each step, what a worker rank does with it, and the model_comm adapter.
+ *
+ * Ranks are processes (engine/comm/ranks.h). Rank 0 runs HTTP, the
+ * scheduler and the draft; before each target forward it posts the batch on
+ * the comm step channel (tp_step_post) and then runs its own shard; every
+ * worker loops in tp_worker_run: receive the batch, run the same
+ * model_forward on its shard (the collectives inside pair up because every
+ * rank calls them in the same order), until rank 0 posts shutdown. Only
+ * rank 0 keeps outputs: workers compute the logits only because the
+ * vocabulary-parallel LM head's all-gather needs every rank; they skip the
+ * final hidden states and the EAGLE-3 aux capture (local copies).
+ *
+ * Step message (native byte order, one host): a header of int32 counts
+ * (n_tokens, n_seqs, n_out, n_aux, flags), then tokens, pos, seq_of [T],
+ * per sequence its number of block-table entries and the entries, out_idx
+ * [n_out], aux_layers [n_aux], and the tree mask [T * T] bytes when present.
+ * Multi-node serving will carry the same message over TCP.
+ *
+ * Failure: any error on any rank aborts the comm group with the reason, so
+ * every other rank's next collective or receive fails promptly (comm.h); a
+ * worker that dies is reported by rank 0's monitor (ranks.h) the same way.
+ * Threading: rank 0: the engine thread; worker: its main thread.
+ */
+#ifndef SPECD_RUNTIME_TP_H
+#define SPECD_RUNTIME_TP_H
+
+#include "engine/comm/comm.h"
+#include "engine/model/model.h"
+#include "engine/util/err.h"
+
+/* The model_comm of a host-visible backend over a shm comm group
+ * (comm_all_reduce_sum_f32: fixed rank order, f32; comm_all_gather). */
+void tp_model_comm_shm(comm *c, model_comm *out);
+
+/* Rank 0: posts batch b of model m to every worker (returns once it is
+ * queued). A batch larger than the step channel's message size fails. */
+int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err);
+
+/* Worker: serves steps on model m (loaded with this rank's shard) until rank
+ * 0 posts shutdown (returns 0) or the group fails (returns -1; err says why,
+ * e.g. rank 0 exited). A forward that fails here aborts the group. */
+int tp_worker_run(comm *c, model *m, specd_err *err);
+
+/* Rank 0: model_forward preceded by tp_step_post: the engine runner of a
+ * tensor-parallel model. ctx: tp_runner. A failure aborts the group. */
+typedef struct tp_runner {
+    model *m;
+    comm *c;
+} tp_runner;
+int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err);
+
+#endif
