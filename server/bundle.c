@@ -4,6 +4,7 @@
  */
 #include "server/bundle.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +81,35 @@ int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, spe
     return tok_create_from_gguf(b->tok_gguf, &b->tok, err);
 }
 
-int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bundle *b, specd_err *err) {
+/* The step channel must hold the largest step rank 0 posts (tp.h): token
+ * arrays of a full token budget plus a block table per running sequence. */
+static size_t tp_step_bytes(const specd_config *cfg) {
+    const int64_t len = cfg->max_model_len > 0 ? cfg->max_model_len : 1 << 17, bs = cfg->block_size > 0 ? cfg->block_size : 16;
+    const int64_t words = 16 + 3 * (int64_t)cfg->max_num_batched_tokens * 2 + (int64_t)cfg->max_num_seqs * (len / bs + 2);
+    return (size_t)(words * 4 > (1 << 20) ? words * 4 : 1 << 20);
+}
+
+static int tp_launch(const specd_config *cfg, const char *const *worker_argv, specd_bundle *b, specd_err *err) {
+    const int N = cfg->tensor_parallel_size;
+    if (!worker_argv) return specd_err_set(err, "--tensor-parallel-size %d: this command runs one process only", N);
+    ranks_config rc = {.world = N, .worker_argv = worker_argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
+    rc.comm.step_max_bytes = tp_step_bytes(cfg);
+    if (ranks_launch(&rc, &b->rk, err) < 0) return specd_err_wrap(err, "starting %d tensor-parallel ranks", N);
+    tp_model_comm_shm(ranks_comm(b->rk), &b->tp_comm);
+    LOG_INFO("tensor parallel: %d ranks (rank 0 = this process, pid %d; workers started)", N, (int)getpid());
+    return 0;
+}
+
+int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap) {
+    if (!b->rk) return 0;
+    return comm_aborted(ranks_comm(b->rk), why, cap);
+}
+
+int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
+                      specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
+    if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     b->device = "cpu";
     if (cfg->device && !strcmp(cfg->device, "cuda")) specd_probe_cuda();
     b->be = bk_cpu_create(cfg->threads);
@@ -91,7 +118,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
         goto fail;
     }
     LOG_INFO("backend: cpu (%s)", bk_cpu_describe(b->be));
-    model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = cfg->kv_cache_memory, .n_blocks = 0};
+    model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = cfg->kv_cache_memory, .n_blocks = 0,
+                          .tp = b->rk ? &b->tp_comm : NULL};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
         specd_err_wrap(err, "loading %s", model_path);
         goto fail;
@@ -142,6 +170,11 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
                         .max_queue_time_s = cfg->max_queue_time,
                         .enable_prefix_caching = cfg->enable_prefix_caching,
                         .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0};
+    if (b->rk) { /* rank 0 posts every step to the workers before running its own shard */
+        b->tp_run = (tp_runner){b->m, ranks_comm(b->rk)};
+        ec.forward = tp_runner_forward;
+        ec.forward_ctx = &b->tp_run;
+    }
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
         specd_err_wrap(err, "engine");
         goto fail;
@@ -156,6 +189,12 @@ fail:
 void specd_bundle_free(specd_bundle *b) {
     if (!b) return;
     engine_destroy(b->eng);
+    if (b->rk) { /* drain the workers (they exit on the shutdown message) before the model goes */
+        specd_err err = {{0}};
+        if (ranks_shutdown(b->rk, 10000, &err) < 0) LOG_WARN("tensor parallel shutdown: %s", err.msg);
+        ranks_destroy(b->rk);
+        b->rk = NULL;
+    }
     eagle3_destroy(b->proposer); /* after the engine (which calls it), before the model (which it borrows) */
     tok_destroy(b->tok);
     gguf_close(b->tok_gguf);
@@ -257,5 +296,73 @@ done:
     tok_destroy(b.tok);
     gguf_close(b.tok_gguf);
     specd_spec_free(&spec);
+    return rc;
+}
+
+/* ------------------------------------------------------------ tensor-parallel worker */
+
+int specd_tp_worker_main(int argc, char **argv) {
+    ranks_worker w;
+    specd_err err = {{0}};
+    if (ranks_worker_detect(argc, argv, &w, &err) != 1) {
+        fprintf(stderr, "specd worker: %s\n", err.msg[0] ? err.msg : "not a worker command line");
+        return 2;
+    }
+    /* systemd and a terminal signal the whole group: a worker stops only when
+     * rank 0 drains it (or dies: PR_SET_PDEATHSIG, ranks.h) */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    /* rank 0's argv: specd serve MODEL flags... without the comm arguments */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    int n = 0;
+    for (int i = 2; i < argc; i++)
+        if (strncmp(argv[i], "--specd-comm-", 13)) args[n++] = argv[i];
+    specd_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg_table t;
+    specd_config_table(&cfg, &t);
+    const char *pos[2];
+    size_t n_pos = 0;
+    bool help = false;
+    comm *c = NULL;
+    backend *be = NULL;
+    model *m = NULL;
+    int rc = 1;
+    if (!args || argc < 2 || strcmp(argv[1], "serve") || cfg_defaults(&t, 1, &err) ||
+        cfg_apply_env(&t, 1, NULL, &err) || cfg_parse_args(&t, 1, n, args, pos, 2, &n_pos, &help, &err) ||
+        n_pos != 1) {
+        fprintf(stderr, "specd worker rank %d: bad command line: %s\n", w.rank, err.msg);
+        goto out;
+    }
+    if (ranks_worker_attach(&w, &c, &err) < 0) {
+        fprintf(stderr, "specd worker rank %d: %s\n", w.rank, err.msg);
+        goto out;
+    }
+    if (cfg.log_level && !strcmp(cfg.log_level, "warn")) log_set_level(LOG_LVL_WARN);
+    model_comm mc;
+    tp_model_comm_shm(c, &mc);
+    be = bk_cpu_create(cfg.threads);
+    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = cfg.kv_cache_memory, .tp = &mc};
+    if (!be || model_load(pos[0], be, &mo, &m, &err) < 0) {
+        char why[COMM_REASON_MAX];
+        snprintf(why, sizeof why, "loading the shard: %.200s", be ? err.msg : "cannot create the CPU backend");
+        LOG_ERROR("specd worker rank %d: %s", w.rank, why);
+        comm_abort(c, why);
+        goto out;
+    }
+    model_shard_info si;
+    model_get_shard(m, &si);
+    LOG_INFO("tensor parallel rank %d/%d (pid %d): serving; weights %.1f MiB, KV %.1f MiB", w.rank, w.world,
+             (int)getpid(), (double)si.weight_bytes / (1 << 20), (double)si.kv_bytes / (1 << 20));
+    if (tp_worker_run(c, m, &err) == 0) rc = 0;
+    else LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+out:
+    model_destroy(m);
+    if (be) bk_cpu_destroy(be);
+    comm_destroy(c);
+    specd_config_free(&cfg);
+    free(args);
     return rc;
 }

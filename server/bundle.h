@@ -16,8 +16,10 @@
 #define SPECD_SERVER_BUNDLE_H
 
 #include "engine/backend/backend.h"
+#include "engine/comm/ranks.h"
 #include "engine/model/model.h"
 #include "engine/runtime/engine.h"
+#include "engine/runtime/tp.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/config.h"
 
@@ -31,10 +33,30 @@ typedef struct specd_bundle {
     int32_t max_model_len;    /* resolved (flag or the model's trained context) */
     specd_spec spec;
     const char *device;       /* "cpu" (after any fallback) */
+    /* tensor parallelism (--tensor-parallel-size > 1): the worker processes,
+     * the model's collectives over their shm group, rank 0's forward */
+    ranks *rk;
+    model_comm tp_comm;
+    tp_runner tp_run;
 } specd_bundle;
 
-/* Loads backend + model + tokenizer and creates (not starts) the engine. */
-int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bundle *b, specd_err *err);
+/* Loads backend + model + tokenizer and creates (not starts) the engine.
+ * With --tensor-parallel-size N > 1 it first starts N - 1 worker processes
+ * running worker_argv (this binary's own argv: every flag the same; they
+ * find their rank in the arguments ranks.h appends, see specd_tp_worker_main)
+ * and loads rank 0's shard; worker_argv NULL refuses TP > 1. */
+int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
+                      specd_bundle *b, specd_err *err);
+/* Why the tensor-parallel group failed (a worker died, hung or failed a
+ * step), into why; 0 while it is healthy or there is none. */
+int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap);
+
+/* A worker rank's whole life: argv is rank 0's `specd serve ...` argv plus
+ * ranks.h's --specd-comm-* arguments. Parses the same flags, attaches to the
+ * group, loads this rank's shard with the same backend options and serves
+ * steps until rank 0 shuts the group down (exit code 0) or it fails (1, the
+ * reason logged). */
+int specd_tp_worker_main(int argc, char **argv);
 void specd_bundle_free(specd_bundle *b);
 
 /* Tokenizer only: MODEL_PATH a GGUF or an HF directory, or TOKENIZER_JSON a

@@ -113,7 +113,7 @@ int specd_generate_main(int argc, char **argv) {
     const char *lv = level_given && cfg.log_level ? cfg.log_level : "warn";
     log_set_level(!strcmp(lv, "debug") ? LOG_LVL_DEBUG : !strcmp(lv, "info") ? LOG_LVL_INFO
                   : !strcmp(lv, "error") ? LOG_LVL_ERROR : LOG_LVL_WARN);
-    if (specd_bundle_load(pos[0], &cfg, &b, &err) || engine_start(b.eng, &err)) {
+    if (specd_bundle_load(pos[0], &cfg, NULL, &b, &err) || engine_start(b.eng, &err)) {
         fprintf(stderr, "specd generate: %s\n", err.msg);
         goto out;
     }

@@ -56,6 +56,9 @@ const cfg_option specd_serve_options[] = {
      "seconds an idle connection is kept (0 = forever)"},
     {"http-threads", CFG_INT, "4", 1, 256, OFF(http_threads), 0, NULL, "HTTP polling threads"},
     {"threads", CFG_INT, "0", 0, 1024, OFF(threads), CFG_ENGINE, NULL, "CPU compute threads (0 = all cores)"},
+    {"tensor-parallel-size", CFG_INT, "1", 1, 64, OFF(tensor_parallel_size), CFG_ENGINE, NULL,
+     "ranks the target is split across (Megatron layout; each rank a process of this binary with --threads "
+     "threads; rank 0 serves HTTP; docs/engine.md)"},
     {"device", CFG_STR, "cpu", NOB, OFF(device), CFG_ENGINE, "cpu|cuda",
      "compute device; cuda falls back to cpu (with a log line) when no GPU is usable"},
     {"speculative-config", CFG_STR, NULL, NOB, OFF(speculative_config), CFG_ENGINE, NULL,

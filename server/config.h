@@ -92,6 +92,7 @@ typedef struct specd_config {
     int32_t connection_timeout; /* seconds */
     int32_t http_threads;
     int32_t threads;           /* CPU compute threads, 0 = all cores */
+    int32_t tensor_parallel_size; /* ranks (processes) the target is split across; 1 = no TP */
     char *device;              /* "cpu" | "cuda" */
     char *speculative_config;  /* vLLM JSON */
     char *draft;               /* draft head directory */

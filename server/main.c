@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "server/bundle.h"
 #include "server/serve.h"
 
 #if defined(__has_include)
@@ -48,6 +49,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* a tensor-parallel worker rank: rank 0's command line plus ranks.h's arguments */
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--specd-comm-rank=", 18)) return specd_tp_worker_main(argc, argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

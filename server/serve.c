@@ -241,7 +241,15 @@ int specd_serve_main(int argc, char **argv) {
     (void)watchdog_thread;
 #endif
 
-    if (specd_bundle_load(model_path, &cfg, &b, &err) || engine_start(b.eng, &err)) {
+    /* tensor-parallel workers run this same command line (bundle.h) */
+    const char **worker_argv = calloc((size_t)argc + 3, sizeof *worker_argv);
+    if (!worker_argv) goto out;
+    worker_argv[0] = "specd";
+    worker_argv[1] = "serve";
+    for (int i = 0; i < argc; i++) worker_argv[i + 2] = argv[i];
+    int load_rc = specd_bundle_load(model_path, &cfg, worker_argv, &b, &err);
+    free(worker_argv);
+    if (load_rc || engine_start(b.eng, &err)) {
         LOG_ERROR("specd serve: %s", err.msg);
         fprintf(stderr, "specd serve: %s\n", err.msg);
         goto out;
@@ -264,9 +272,34 @@ int specd_serve_main(int argc, char **argv) {
     LOG_INFO("serving model '%s' on http://%s:%u", name, cfg.host, http_port(srv));
     NOTIFY("READY=1\nSTATUS=serving %s on %s:%u", name, cfg.host, http_port(srv));
 
+    /* serve until SIGTERM/SIGINT, or until the tensor-parallel group fails (a
+     * worker died, hung or failed a step: the requests of the failed step got
+     * their error already; the others are aborted and the process exits 1 so
+     * systemd restarts it) */
+    char tp_why[COMM_REASON_MAX] = "";
     pthread_mutex_lock(&ctx.mu);
-    while (!atomic_load(&ctx.stop)) pthread_cond_wait(&ctx.cv, &ctx.mu);
+    while (!atomic_load(&ctx.stop) && !tp_why[0]) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 100 * 1000 * 1000;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&ctx.cv, &ctx.mu, &dl);
+        specd_bundle_tp_failed(&b, tp_why, sizeof tp_why);
+    }
     pthread_mutex_unlock(&ctx.mu);
+    if (tp_why[0]) {
+        LOG_ERROR("tensor parallel group failed: %s; aborting requests and exiting", tp_why);
+        NOTIFY("STOPPING=1\nSTATUS=tensor parallel group failed: %s", tp_why);
+        http_set_draining(srv);
+        engine_drain(b.eng);
+        engine_wait_idle(b.eng, 0.0);
+        for (int i = 0; i < 500 && http_active_requests(srv) > 0; i++) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        exit_code = 1;
+        goto out;
+    }
 
     /* drain */
     http_set_draining(srv);

@@ -278,5 +278,6 @@ const char *model_path(const model *m) { return m->path; }
 int32_t model_kv_block_size(const model *m) { return m->block_size; }
 int32_t model_kv_n_blocks(const model *m) { return m->n_blocks; }
 const bk_weight *model_embed_weight(const model *m) { return &m->embed; }
-const bk_weight *model_lm_head_weight(const model *m) { return &m->lm_head; }
+/* At TP > 1 this rank's LM head is a vocabulary slice; the draft gets the whole one (host-visible backends). */
+const bk_weight *model_lm_head_weight(const model *m) { return m->tp_size > 1 ? &m->lm_head_full : &m->lm_head; }
 backend *model_backend(const model *m) { return m->be; }

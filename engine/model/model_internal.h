@@ -51,6 +51,7 @@ struct model {
     int32_t ffn_l;                    /* local MLP width */
     int32_t vocab_l;                  /* LM-head rows held (vocab / size when split, else vocab) */
     bool vocab_split;                 /* LM head vocabulary-parallel (logits all-gathered) */
+    bk_weight lm_head_full;           /* the whole LM head as loaded (a view), for a draft that shares it */
     int64_t weight_bytes;             /* this rank's weight bytes (after slicing) */
 };
 

@@ -29,6 +29,8 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/model/model_internal.h"
 #include "engine/util/log.h"
@@ -64,6 +66,14 @@ static int slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int6
     if (!dst) return specd_err_set(err, "out of memory slicing %s", what);
     for (int64_t r = 0; r < w->rows; r++)
         memcpy(dst + (size_t)r * len, (const uint8_t *)w->data + (size_t)r * w->row_bytes + off, len);
+    /* the whole source was read: give its pages of the (read-only) mapping back, so that this rank's
+     * resident memory is its slices (they are re-read from the file if anything touches them again).
+     * Never for a converted copy on the heap (model_own), whose pages would read back as zeros. */
+    bool owned = false;
+    for (int i = 0; i < m->n_owned; i++) owned |= m->owned[i] == w->data;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)w->data + pg - 1) & ~(pg - 1);
+    const uintptr_t e = ((uintptr_t)w->data + (size_t)w->rows * w->row_bytes) & ~(pg - 1);
+    if (!owned && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
     w->data = dst;
     w->row_bytes = len;
     w->cols = n;
@@ -106,6 +116,7 @@ int model_tp_shard(model *m, specd_err *err) {
     }
     int64_t bytes = weight_bytes(&m->embed) + (int64_t)(2 * c->n_layers + 1) * c->hidden * 4;
     const int32_t hd = c->head_dim;
+    m->lm_head_full = m->lm_head;
     const bool tied = c->tied_embeddings; /* a tied head is a view of the embedding, counted above */
     if (m->vocab_split) slice_rows(&m->lm_head, (int64_t)r * m->vocab_l, m->vocab_l);
     if (!tied) bytes += weight_bytes(&m->lm_head);

@@ -154,6 +154,11 @@ typedef struct engine_config {
                                        FINISH_ERROR, error_status 503; <= 0 = wait forever */
     bool enable_prefix_caching;
     int32_t num_speculative_tokens; /* default k when a proposer is attached; 0 = off */
+    /* The target forward the engine calls, default model_forward on the
+     * engine's model; tensor parallelism sets tp_runner_forward (tp.h), which
+     * posts the batch to the worker ranks first. ctx must outlive the engine. */
+    int (*forward)(void *ctx, const model_batch *b, specd_err *err);
+    void *forward_ctx;
 } engine_config;
 
 typedef struct engine engine;

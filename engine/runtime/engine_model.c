@@ -47,8 +47,8 @@ int engine_create(const engine_config *cfg_in, model *m, const tokenizer *tok, e
     if (!cfg_in || !m || !tok) return specd_err_set(err, "engine: missing configuration, model or tokenizer");
     const model_config *mc = model_get_config(m);
     engine_runner r = {
-        .ctx = m,
-        .forward = model_runner_forward,
+        .ctx = cfg_in && cfg_in->forward ? cfg_in->forward_ctx : m,
+        .forward = cfg_in && cfg_in->forward ? cfg_in->forward : model_runner_forward,
         .vocab = mc->vocab,
         .hidden = mc->hidden,
         .block_size = model_kv_block_size(m),
