@@ -38,6 +38,7 @@
 #define SPECD_COMM_RANKS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "engine/comm/comm.h"
@@ -85,5 +86,14 @@ int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_er
 
 /* Worker: arms PR_SET_PDEATHSIG, checks rank 0 is still its parent, attaches. */
 int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err);
+
+/* The worker's step loop: waits for each step message (forever, failing
+ * promptly on abort or rank 0's death) and calls on_step with it (msg valid
+ * for the call only) until COMM_STEP_SHUTDOWN. Returns 0 after the shutdown
+ * message (the worker then exits 0), -1 on a comm failure or when on_step
+ * fails (its message is then also the group's abort reason, so rank 0 learns
+ * why). The buffer is comm_step_max_bytes. */
+typedef int (*ranks_step_fn)(void *ctx, const void *msg, size_t n, specd_err *err);
+int ranks_worker_loop(comm *c, ranks_step_fn on_step, void *ctx, specd_err *err);
 
 #endif
