@@ -395,6 +395,14 @@ int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_er
     return 1;
 }
 
+void ranks_worker_strip_args(int *argc, char **argv) {
+    int out = 0;
+    for (int i = 0; i < *argc; i++)
+        if (i == 0 || strncmp(argv[i], "--specd-comm-", 13) != 0) argv[out++] = argv[i];
+    for (int i = out; i < *argc; i++) argv[i] = NULL;
+    *argc = out;
+}
+
 int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err) {
     *out = NULL;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {

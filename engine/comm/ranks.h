@@ -84,6 +84,11 @@ typedef struct ranks_worker {
  * (this process is rank 0 or single-process), -1 if they are malformed. */
 int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_err *err);
 
+/* Removes the --specd-comm-* arguments from argv (in place, keeping the
+ * order and the terminating NULL) so the caller's flag parser never sees
+ * them; call after ranks_worker_detect. */
+void ranks_worker_strip_args(int *argc, char **argv);
+
 /* Worker: arms PR_SET_PDEATHSIG, checks rank 0 is still its parent, attaches. */
 int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err);
 

@@ -484,6 +484,16 @@ static void test_bad_arguments(void **st) {
                     "--specd-comm-parent=99", NULL};
     assert_int_equal(ranks_worker_detect(5, good, &w, &e), 1);
     assert_true(w.rank == 3 && w.world == 4 && w.fd == 7 && w.parent == 99);
+    char *mixed[] = {"specd", "serve", "--specd-comm-rank=3", "m.gguf", "--specd-comm-world=4", "--port",
+                     "--specd-comm-fd=7", "8080", "--specd-comm-parent=99", NULL};
+    int mc = 9;
+    ranks_worker_strip_args(&mc, mixed);
+    assert_int_equal(mc, 5);
+    assert_string_equal(mixed[1], "serve");
+    assert_string_equal(mixed[2], "m.gguf");
+    assert_string_equal(mixed[3], "--port");
+    assert_string_equal(mixed[4], "8080");
+    assert_null(mixed[5]);
 
     /* A file that is not a segment. */
     int fd = memfd_create("not-comm", 0);
