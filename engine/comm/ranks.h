@@ -27,9 +27,14 @@
  *    worker that exited non-zero. No zombies, nothing left in /dev/shm (the
  *    segment is a memfd).
  *
- * PR_SET_PDEATHSIG fires when the THREAD that spawned the worker exits, not
- * the process: call ranks_launch from the main thread (or one that lives as
- * long as the group).
+ * Rules for the process that calls ranks_launch:
+ *  - PR_SET_PDEATHSIG fires when the THREAD that spawned the worker exits,
+ *    not the process: call ranks_launch from the main thread (or one that
+ *    lives as long as the group);
+ *  - the segment's memfd is inheritable while ranks_launch runs: launch
+ *    before other threads start spawning processes (they would inherit it);
+ *  - leave SIGCHLD's disposition alone (SIG_IGN makes the kernel reap the
+ *    workers itself, and their exit statuses are lost).
  *
  * Threading: ranks_* from one thread of rank 0; the monitor thread is
  * internal. ranks_comm's comm follows comm.h's rule.
