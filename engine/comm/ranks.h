@@ -36,6 +36,26 @@
  *  - leave SIGCHLD's disposition alone (SIG_IGN makes the kernel reap the
  *    workers itself, and their exit statuses are lost).
  *
+ * Use (the shape `specd serve --tensor-parallel-size N` takes):
+ *
+ *   int main(int argc, char **argv) {
+ *       ranks_worker w;
+ *       int wk = ranks_worker_detect(argc, argv, &w, &err);   // before any flag parsing
+ *       if (wk < 0) { log; return 2; }
+ *       ranks_worker_strip_args(&argc, argv);                 // the usual parser never sees them
+ *       ... parse flags, as rank 0 did ...
+ *       if (wk == 1) {                                        // a worker: load the shard of w.rank
+ *           comm *c; if (ranks_worker_attach(&w, &c, &err)) return 2;
+ *           int rc = ranks_worker_loop(c, run_step, &model, &err);   // until the drain
+ *           comm_destroy(c); return rc ? 1 : 0;
+ *       }
+ *       ranks_config rc = {.world = tp, .worker_argv = (const char *const *)original_argv,
+ *                          .comm = comm_config_default()};
+ *       ranks *rk; if (ranks_launch(&rc, &rk, &err)) ...      // main thread, before HTTP threads
+ *       ... each step: comm_step_send(ranks_comm(rk), COMM_STEP_DATA, blob, n, &err), own shard ...
+ *       ... SIGTERM: ranks_shutdown(rk, 10000, &err); ranks_destroy(rk);
+ *   }
+ *
  * Threading: ranks_* from one thread of rank 0; the monitor thread is
  * internal. ranks_comm's comm follows comm.h's rule.
  */
