@@ -58,14 +58,16 @@
 
 typedef struct comm comm;
 
+/* Start from comm_config_default() and change fields: a zeroed struct means
+ * spin_us = 0 (never spin), not the automatic choice. */
 typedef struct comm_config {
     size_t slot_bytes;        /* per-rank staging slot; larger calls are chunked. 0: 1 MiB */
     size_t step_max_bytes;    /* largest step control message. 0: 1 MiB */
     uint32_t step_depth;      /* step messages rank 0 may post ahead of the slowest worker. 0: 4 */
     int timeout_ms;           /* per-call timeout for collectives and step_send; <= 0: 60000 */
     int spin_us;              /* busy-wait before sleeping in a futex. < 0: auto (see comm_shm.c) */
-    size_t oneshot_max_bytes; /* all-reduce: one-shot up to this size, two-shot above. SIZE_MAX: always
-                                 one-shot; 0 in the config: the default (see comm_shm.c) */
+    size_t oneshot_max_bytes; /* all-reduce: one-shot up to this message size, two-shot above (same bits
+                                 either way). SIZE_MAX: always one-shot; 0: 128 KiB / world (comm_shm.c) */
 } comm_config;
 
 /* Fills the defaults in (any field left 0 gets its default). */

@@ -352,8 +352,11 @@ comm_config comm_config_default(void) {
     return cfg;
 }
 
-/* Default one-shot/two-shot switch: measured with bench_comm (docs/engine.md). */
-#define ONESHOT_DEFAULT_MAX_BYTES (32u * 1024u)
+/* Default one-shot/two-shot switch (measured with comm_bench, docs/engine.md):
+ * one-shot while the bytes one rank reads, world x message, stay within
+ * 128 KiB (L2-resident); beyond that two-shot, which reads each byte once in
+ * total across the ranks, wins by 2-8x at world 4 and 8. */
+#define ONESHOT_READ_BUDGET_BYTES (128u * 1024u)
 
 static void comm_apply_local(comm *c, const comm_config *cfg) {
     c->timeout_ms = cfg && cfg->timeout_ms > 0 ? cfg->timeout_ms : 60000;
@@ -365,7 +368,8 @@ static void comm_apply_local(comm *c, const comm_config *cfg) {
         spin_us = c->world <= ncpu ? 50 : 2;
     }
     c->spin_ns = (int64_t)spin_us * 1000;
-    c->oneshot_max = cfg && cfg->oneshot_max_bytes ? cfg->oneshot_max_bytes : ONESHOT_DEFAULT_MAX_BYTES;
+    c->oneshot_max = cfg && cfg->oneshot_max_bytes ? cfg->oneshot_max_bytes
+                                                   : ONESHOT_READ_BUDGET_BYTES / (size_t)c->world;
 }
 
 int comm_shm_create(int world, const comm_config *cfg_in, int *fd_out, comm **out, specd_err *err) {

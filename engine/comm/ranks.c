@@ -50,6 +50,7 @@ struct ranks {
     bool reaped[COMM_MAX_WORLD];
     bool spawned[COMM_MAX_WORLD];
     atomic_bool draining;          /* exits with status 0 are expected from now on */
+    atomic_bool destroying;        /* ranks_destroy kills what is left: no exit is news */
     int evfd;                      /* wakes the monitor to stop */
     pthread_t mon;
     bool mon_started;
@@ -86,7 +87,8 @@ static void ranks_reap(ranks *rk, int r) {
     pthread_mutex_unlock(&rk->mu);
     bool clean = WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
     /* A clean exit is expected during the drain, and after the group failed (workers give up). */
-    bool expected = clean && (atomic_load(&rk->draining) || comm_aborted(rk->c, NULL, 0));
+    bool expected = (clean && (atomic_load(&rk->draining) || comm_aborted(rk->c, NULL, 0))) ||
+                    atomic_load(&rk->destroying);
     if (!expected) {
         char how[64], reason[COMM_REASON_MAX];
         describe_exit(ws, how, sizeof how);
@@ -337,6 +339,7 @@ int ranks_shutdown(ranks *rk, int timeout_ms, specd_err *err) {
 
 void ranks_destroy(ranks *rk) {
     if (!rk) return;
+    atomic_store(&rk->destroying, true);
     if (rk->mon_started) {
         ranks_kill_all(rk);
         ranks_wait_reaped(rk, mono_ns() + 5000000000LL);
@@ -392,6 +395,14 @@ int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_er
     return 1;
 }
 
+void ranks_worker_strip_args(int *argc, char **argv) {
+    int out = 0;
+    for (int i = 0; i < *argc; i++)
+        if (i == 0 || strncmp(argv[i], "--specd-comm-", 13) != 0) argv[out++] = argv[i];
+    for (int i = out; i < *argc; i++) argv[i] = NULL;
+    *argc = out;
+}
+
 int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err) {
     *out = NULL;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
@@ -407,4 +418,28 @@ int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err) {
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);
     return comm_shm_attach(w->fd, w->rank, w->world, w->parent, out, err);
+}
+
+int ranks_worker_loop(comm *c, ranks_step_fn on_step, void *ctx, specd_err *err) {
+    size_t cap = comm_step_max_bytes(c), n = 0;
+    void *buf = malloc(cap ? cap : 1);
+    if (!buf) return specd_err_set(err, "rank %d: out of memory for a %zu-byte step buffer", comm_rank(c), cap);
+    int rc = 0;
+    for (;;) {
+        comm_step_kind kind;
+        if (comm_step_recv(c, buf, cap, &n, &kind, 0, err)) {
+            rc = -1;
+            break;
+        }
+        if (kind == COMM_STEP_SHUTDOWN) break;
+        if (on_step(ctx, buf, n, err)) {
+            char reason[COMM_REASON_MAX];
+            snprintf(reason, sizeof reason, "rank %d step failed: %.200s", comm_rank(c), err ? err->msg : "?");
+            comm_abort(c, reason);
+            rc = -1;
+            break;
+        }
+    }
+    free(buf);
+    return rc;
 }

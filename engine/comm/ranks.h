@@ -27,9 +27,34 @@
  *    worker that exited non-zero. No zombies, nothing left in /dev/shm (the
  *    segment is a memfd).
  *
- * PR_SET_PDEATHSIG fires when the THREAD that spawned the worker exits, not
- * the process: call ranks_launch from the main thread (or one that lives as
- * long as the group).
+ * Rules for the process that calls ranks_launch:
+ *  - PR_SET_PDEATHSIG fires when the THREAD that spawned the worker exits,
+ *    not the process: call ranks_launch from the main thread (or one that
+ *    lives as long as the group);
+ *  - the segment's memfd is inheritable while ranks_launch runs: launch
+ *    before other threads start spawning processes (they would inherit it);
+ *  - leave SIGCHLD's disposition alone (SIG_IGN makes the kernel reap the
+ *    workers itself, and their exit statuses are lost).
+ *
+ * Use (the shape `specd serve --tensor-parallel-size N` takes):
+ *
+ *   int main(int argc, char **argv) {
+ *       ranks_worker w;
+ *       int wk = ranks_worker_detect(argc, argv, &w, &err);   // before any flag parsing
+ *       if (wk < 0) { log; return 2; }
+ *       ranks_worker_strip_args(&argc, argv);                 // the usual parser never sees them
+ *       ... parse flags, as rank 0 did ...
+ *       if (wk == 1) {                                        // a worker: load the shard of w.rank
+ *           comm *c; if (ranks_worker_attach(&w, &c, &err)) return 2;
+ *           int rc = ranks_worker_loop(c, run_step, &model, &err);   // until the drain
+ *           comm_destroy(c); return rc ? 1 : 0;
+ *       }
+ *       ranks_config rc = {.world = tp, .worker_argv = (const char *const *)original_argv,
+ *                          .comm = comm_config_default()};
+ *       ranks *rk; if (ranks_launch(&rc, &rk, &err)) ...      // main thread, before HTTP threads
+ *       ... each step: comm_step_send(ranks_comm(rk), COMM_STEP_DATA, blob, n, &err), own shard ...
+ *       ... SIGTERM: ranks_shutdown(rk, 10000, &err); ranks_destroy(rk);
+ *   }
  *
  * Threading: ranks_* from one thread of rank 0; the monitor thread is
  * internal. ranks_comm's comm follows comm.h's rule.
@@ -38,6 +63,7 @@
 #define SPECD_COMM_RANKS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "engine/comm/comm.h"
@@ -83,7 +109,21 @@ typedef struct ranks_worker {
  * (this process is rank 0 or single-process), -1 if they are malformed. */
 int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_err *err);
 
+/* Removes the --specd-comm-* arguments from argv (in place, keeping the
+ * order and the terminating NULL) so the caller's flag parser never sees
+ * them; call after ranks_worker_detect. */
+void ranks_worker_strip_args(int *argc, char **argv);
+
 /* Worker: arms PR_SET_PDEATHSIG, checks rank 0 is still its parent, attaches. */
 int ranks_worker_attach(const ranks_worker *w, comm **out, specd_err *err);
+
+/* The worker's step loop: waits for each step message (forever, failing
+ * promptly on abort or rank 0's death) and calls on_step with it (msg valid
+ * for the call only) until COMM_STEP_SHUTDOWN. Returns 0 after the shutdown
+ * message (the worker then exits 0), -1 on a comm failure or when on_step
+ * fails (its message is then also the group's abort reason, so rank 0 learns
+ * why). The buffer is comm_step_max_bytes. */
+typedef int (*ranks_step_fn)(void *ctx, const void *msg, size_t n, specd_err *err);
+int ranks_worker_loop(comm *c, ranks_step_fn on_step, void *ctx, specd_err *err);
 
 #endif

@@ -71,6 +71,31 @@ static int expect_err(const specd_err *e, const char *n1, const char *n2) {
     return WK_CHECK;
 }
 
+/* The step case: 200 messages checked byte by byte; after the 200th, the hash
+ * of all of them is compared with rank 0's (an all-gather inside the step, as
+ * a real step does collectives). A message starting with "bad" fails the step. */
+typedef struct step_ctx {
+    comm *c;
+    int got, bad;
+    uint64_t h;
+} step_ctx;
+
+static int on_step(void *ctx, const void *msg, size_t n, specd_err *err) {
+    step_ctx *sc = ctx;
+    const uint8_t *b = msg;
+    if (n >= 3 && !memcmp(b, "bad", 3)) return specd_err_set(err, "bad step %d", sc->got);
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != gen_b((uint64_t)sc->got, 0, i)) {
+            fprintf(stderr, "rank %d: step %d byte %zu wrong\n", comm_rank(sc->c), sc->got, i);
+            sc->bad++;
+            break;
+        }
+    sc->h = sc->h * 31 + fnv64(b, n) + n;
+    if (++sc->got == 200) sc->bad += suite_same_everywhere(sc->c, sc->h, "step hash");
+    if (sc->got % 20 == 0) sleep_ms(2); /* let rank 0 fill the ring */
+    return 0;
+}
+
 static int worker_case(comm *c, const char *cs) {
     int rank = comm_rank(c);
     specd_err e = {{0}};
@@ -118,35 +143,16 @@ static int worker_case(comm *c, const char *cs) {
         for (;;)
             if (comm_barrier(c, &e)) return WK_UNEXPECTED;
     }
-    if (!strcmp(cs, "step")) { /* 200 messages, then SHUTDOWN; the hash of all of them back to rank 0 */
-        size_t cap = comm_step_max_bytes(c), n;
-        uint8_t *b = malloc(cap);
-        uint64_t h = 0;
-        int got = 0;
-        comm_step_kind kind;
-        for (;;) {
-            if (comm_step_recv(c, b, cap, &n, &kind, 0, &e)) {
-                fprintf(stderr, "rank %d: step_recv: %s\n", rank, e.msg);
-                free(b);
-                return WK_UNEXPECTED;
-            }
-            if (kind == COMM_STEP_SHUTDOWN) break;
-            for (size_t i = 0; i < n; i++)
-                if (b[i] != gen_b((uint64_t)got, 0, i)) {
-                    fprintf(stderr, "rank %d: step %d byte %zu wrong\n", rank, got, i);
-                    free(b);
-                    return WK_CHECK;
-                }
-            h = h * 31 + fnv64(b, n) + n;
-            if (++got == 200 && suite_same_everywhere(c, h, "step hash")) {
-                free(b);
-                return WK_CHECK;
-            }
-            if (got % 20 == 0) sleep_ms(2); /* let rank 0 fill the ring */
+    if (!strcmp(cs, "step") || !strcmp(cs, "stepfail")) { /* through ranks_worker_loop */
+        step_ctx sc = {.c = c};
+        if (ranks_worker_loop(c, on_step, &sc, &e)) {
+            if (!strcmp(cs, "stepfail")) return expect_err(&e, "bad step 5", NULL);
+            fprintf(stderr, "rank %d: worker loop: %s\n", rank, e.msg);
+            return WK_UNEXPECTED;
         }
-        free(b);
-        return got == 200 ? WK_OK : WK_CHECK;
+        return sc.got == 200 && !sc.bad ? WK_OK : WK_CHECK;
     }
+    if (!strcmp(cs, "exit-before-attach") || !strcmp(cs, "hang-before-attach")) return WK_OK; /* the others */
     fprintf(stderr, "worker: unknown case '%s'\n", cs);
     return WK_UNEXPECTED;
 }
@@ -154,6 +160,10 @@ static int worker_case(comm *c, const char *cs) {
 static int worker_main(int argc, char **argv, const ranks_worker *w) {
     specd_err e = {{0}};
     comm *c = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--case=exit-before-attach") && w->rank == 2) return 5;
+        if (!strcmp(argv[i], "--case=hang-before-attach") && w->rank == 1) sleep_ms(30000);
+    }
     if (ranks_worker_attach(w, &c, &e)) {
         fprintf(stderr, "worker: %s\n", e.msg);
         return WK_ATTACH;
@@ -163,7 +173,7 @@ static int worker_main(int argc, char **argv, const ranks_worker *w) {
         if (!strncmp(argv[i], "--case=", 7)) cs = argv[i] + 7;
     int rc = worker_case(c, cs);
     /* Cases that end without a failure wait for the drain, as a real worker does. */
-    if (rc == WK_OK && strcmp(cs, "step") && !comm_aborted(c, NULL, 0)) {
+    if (rc == WK_OK && strcmp(cs, "step") && strcmp(cs, "stepfail") && !comm_aborted(c, NULL, 0)) {
         uint8_t b[64];
         size_t n;
         comm_step_kind kind;
@@ -474,6 +484,16 @@ static void test_bad_arguments(void **st) {
                     "--specd-comm-parent=99", NULL};
     assert_int_equal(ranks_worker_detect(5, good, &w, &e), 1);
     assert_true(w.rank == 3 && w.world == 4 && w.fd == 7 && w.parent == 99);
+    char *mixed[] = {"specd", "serve", "--specd-comm-rank=3", "m.gguf", "--specd-comm-world=4", "--port",
+                     "--specd-comm-fd=7", "8080", "--specd-comm-parent=99", NULL};
+    int mc = 9;
+    ranks_worker_strip_args(&mc, mixed);
+    assert_int_equal(mc, 5);
+    assert_string_equal(mixed[1], "serve");
+    assert_string_equal(mixed[2], "m.gguf");
+    assert_string_equal(mixed[3], "--port");
+    assert_string_equal(mixed[4], "8080");
+    assert_null(mixed[5]);
 
     /* A file that is not a segment. */
     int fd = memfd_create("not-comm", 0);
@@ -499,6 +519,59 @@ static void test_bad_arguments(void **st) {
     assert_int_equal(comm_shm_create(COMM_MAX_WORLD + 1, NULL, &sfd, &c0, &e), -1);
 }
 
+static void test_step_failure_reaches_rank0(void **st) {
+    (void)st;
+    comm_config cfg = comm_config_default();
+    cfg.timeout_ms = 10000;
+    ranks *rk = launch(2, "stepfail", cfg);
+    comm *c = ranks_comm(rk);
+    specd_err e = {{0}};
+    uint8_t b[4096];
+    int s;
+    double t0 = now_ms();
+    for (s = 0; s < 200; s++) {
+        size_t n = 100;
+        for (size_t i = 0; i < n; i++) b[i] = gen_b((uint64_t)s, 0, i);
+        if (s == 5) memcpy(b, "bad", 3);
+        if (comm_step_send(c, COMM_STEP_DATA, b, n, &e)) break;
+    }
+    if (s == 200) assert_int_equal(comm_barrier(c, &e), -1); /* all posted: the next collective fails */
+    printf("worker's step failure seen by rank 0 after %d sends, %.2f ms: %s\n", s, now_ms() - t0, e.msg);
+    assert_non_null(strstr(e.msg, "rank 1 step failed: bad step 5"));
+    ranks_shutdown(rk, 5000, &e);
+    assert_true(WIFEXITED(wstatus_of(rk, 1)) && WEXITSTATUS(wstatus_of(rk, 1)) == 0);
+    ranks_destroy(rk);
+}
+
+/* A worker that exits before attaching fails the launch at once, naming it;
+ * one that never attaches fails it at the attach timeout. Nothing is left running. */
+static void test_launch_failures(void **st) {
+    (void)st;
+    const char *a1[] = {g_exe, "--case=exit-before-attach", NULL};
+    ranks_config rc = {.world = 3, .worker_argv = a1, .comm = comm_config_default(), .attach_timeout_ms = 20000};
+    specd_err e = {{0}};
+    ranks *rk = NULL;
+    double t0 = now_ms();
+    assert_int_equal(ranks_launch(&rc, &rk, &e), -1);
+    printf("launch: %.1f ms: %s\n", now_ms() - t0, e.msg);
+    assert_null(rk);
+    assert_non_null(strstr(e.msg, "rank 2"));
+    assert_non_null(strstr(e.msg, "status 5"));
+    assert_true(now_ms() - t0 < 5000);
+
+    const char *a2[] = {g_exe, "--case=hang-before-attach", NULL};
+    rc.worker_argv = a2;
+    rc.attach_timeout_ms = 300;
+    t0 = now_ms();
+    assert_int_equal(ranks_launch(&rc, &rk, &e), -1);
+    printf("launch: %.1f ms: %s\n", now_ms() - t0, e.msg);
+    assert_non_null(strstr(e.msg, "timed out after 300 ms waiting for rank 1 to attach"));
+    assert_true(now_ms() - t0 < 5000);
+    /* Both launches reaped their workers: no child of ours is left. */
+    assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
 int main(int argc, char **argv) {
     ranks_worker w;
     specd_err e = {{0}};
@@ -519,6 +592,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_all_reduce_world8),
         cmocka_unit_test(test_gather_broadcast_barrier),
         cmocka_unit_test(test_step_channel),
+        cmocka_unit_test(test_step_failure_reaches_rank0),
+        cmocka_unit_test(test_launch_failures),
         cmocka_unit_test(test_worker_killed_mid_collective),
         cmocka_unit_test(test_stopped_worker_times_out),
         cmocka_unit_test(test_abort_from_worker),
