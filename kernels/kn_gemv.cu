@@ -272,11 +272,15 @@ __global__ void __launch_bounds__(256) kn_embed_kernel(const uint8_t *__restrict
 }  // namespace
 
 extern "C" int kn_matmul(const kn_weight *w, const float *x, int32_t T, float *y, void *stream) {
-    if (weight_check(w) || !x || !y || T <= 0 || !aligned(x, 16)) return (int)cudaErrorInvalidValue;
+    if (weight_check(w) || !x || !y || T <= 0 || !aligned(x, 4)) return (int)cudaErrorInvalidValue;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    /* plain rows use 16-byte loads when every row start is 16-byte aligned and
-     * x rows are (cols % 4 == 0); the choice depends on the weight alone */
-    const bool vec = aligned(w->data, 16) && w->row_bytes % 16 == 0 && w->cols % 4 == 0;
+    /* 16-byte loads when every weight row starts 16-byte aligned and cols % 4
+     * == 0 (block formats: always); the choice depends on the weight alone, so
+     * the order of a token's sum does not depend on where its x row lies. Then
+     * every x row is 16-byte aligned if x is: required. */
+    const bool vec = kn::is_block_format(w->type) ||
+                     (aligned(w->data, 16) && w->row_bytes % 16 == 0 && w->cols % 4 == 0);
+    if (vec && !aligned(x, 16)) return (int)cudaErrorInvalidValue;
     switch (w->type) {
     case KN_W_F32: return (int)(vec ? mm_launch<KN_W_F32, true>(w, x, T, y, s) : mm_launch<KN_W_F32, false>(w, x, T, y, s));
     case KN_W_BF16: return (int)(vec ? mm_launch<KN_W_BF16, true>(w, x, T, y, s) : mm_launch<KN_W_BF16, false>(w, x, T, y, s));

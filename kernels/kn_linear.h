@@ -54,7 +54,9 @@ typedef struct kn_weight {
 /* ------------------------------------------------------------- matmul */
 
 /* y[T, rows] = x[T, cols] @ W^T, f32 activations, weights dequantized in
- * registers, f32 accumulation. T >= 1 (any size; tokens are tiled by 8 in
+ * registers, f32 accumulation. x: 16-byte aligned when the weight takes the
+ * 16-byte path (block formats, or aligned plain rows with cols % 4 == 0),
+ * else 4-byte. T >= 1 (any size; tokens are tiled by 8 in
  * registers, the weight row is re-read once per tile of 8 tokens).
  * Reduction order of y[t, r] (a function of cols alone): lane l of the warp
  * owning row r accumulates, with one fused multiply-add per element, its

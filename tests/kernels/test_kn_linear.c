@@ -12,8 +12,9 @@
  *    GPU: one FMA chain per lane + a 32-lane tree). Each rounding contributes
  *    a relative error <= u = 2^-24 of a partial sum; for random zero-mean
  *    data the errors add like a random walk, NMSE ~ n u^2 / 3 <= 3e-12 for
- *    n <= 1536 (dequantization differences add ~u^2). Bound 1e-9 (300x
- *    margin); one missing or misplaced element gives ~1/n >= 1e-4.
+ *    n <= 1536 (dequantization differences add ~u^2; an emulation of the
+ *    kernel's order on the host measured 1e-14..3e-13 on these shapes).
+ *    Bound 1e-10; one missing or misplaced element gives ~1/n >= 1e-4.
  *  - embed, add, add_bias, copy_rows, the residual of add_rmsnorm: the same
  *    correctly rounded operations as the CPU: bit-identical (memcmp).
  *  - rmsnorm / add_rmsnorm out: identical formula, the double sum of squares
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend/backend.h"
 #include "engine/runtime/sampler.h"
@@ -47,7 +49,7 @@ _Static_assert((int)KN_W_F32 == (int)BK_W_F32 && (int)KN_W_BF16 == (int)BK_W_BF1
 static const int32_t MS[] = {1, 2, 3, 4, 5, 8, 16, 33, 128};
 #define NM ((int)(sizeof MS / sizeof MS[0]))
 #define TMAX 128
-static const double NMSE_MATMUL = 1e-9, NMSE_NORM = 1e-12, NMSE_ROPE = 1e-12, NMSE_SILU = 1e-12;
+static const double NMSE_MATMUL = 1e-10, NMSE_NORM = 1e-12, NMSE_ROPE = 1e-12, NMSE_SILU = 1e-12;
 
 static int g_fail, g_checks;
 static backend *g_cpu;
@@ -226,7 +228,8 @@ static void test_matmul(void) {
         test_matmul_case((kn_wtype)t, 77, 256, t <= KN_W_F16 ? 16 : 6, 0);
         if (t <= KN_W_F16) {
             const size_t es = t == KN_W_F32 ? 4 : 2;
-            test_matmul_case((kn_wtype)t, 37, 100, 0, 0); /* 16-byte path with a scalar tail (bf16/f16) */
+            /* 16-byte path with a 4-column scalar tail (bf16/f16: rows padded to 208 bytes) */
+            test_matmul_case((kn_wtype)t, 37, 100, t == KN_W_F32 ? 0 : 8, 0);
             test_matmul_case((kn_wtype)t, 33, 33, 0, 0);  /* cols % 4 != 0: element path */
             test_matmul_case((kn_wtype)t, 129, 576, 0, es); /* data not 16-byte aligned: element path */
         } else {
@@ -537,7 +540,7 @@ static void test_argmax(void) {
 int main(void) {
     kn_harness_require_gpu();
     setenv("SPECD_CPU_ISA", "portable", 1); /* f32 activations on the CPU: the reference */
-    g_cpu = bk_cpu_create(0);
+    g_cpu = bk_cpu_create((int)sysconf(_SC_NPROCESSORS_ONLN)); /* not OMP_NUM_THREADS=2 of ctest */
     if (!g_cpu) { fprintf(stderr, "bk_cpu_create failed\n"); return 1; }
     printf("reference: %s\n", bk_cpu_describe(g_cpu));
     test_matmul();
