@@ -126,7 +126,8 @@ int kn_copy_rows(float *dst, int64_t dst_ld, const float *src, int64_t src_ld, i
 int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2t_bits, int32_t *out, void *stream);
 
 /* ---------------------------------------------------- cuBLASLt (opt-in)
- * Large-M bf16 prefill through cuBLASLt, loaded with dlopen (never linked):
+ * Large-M bf16 prefill through cuBLASLt, loaded with dlopen (never linked;
+ * $SPECD_CUBLASLT, then libcublasLt.so.13 / .so, then /usr/local/cuda):
  * NOT batch invariant relative to kn_matmul (different tiles, bf16-rounded
  * activations), so only a backend created with deterministic == false may
  * use it; kn_blaslt_create refuses otherwise. One algorithm is pinned per
@@ -135,7 +136,7 @@ int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2
 typedef struct kn_blaslt kn_blaslt;
 typedef struct kn_blaslt_plan kn_blaslt_plan;
 
-/* Loads libcublasLt.so.13 (then .so) and creates a handle. deterministic != 0
+/* Loads cuBLASLt and creates a handle. deterministic != 0
  * -> cudaErrorNotSupported with the reason. Allocates host memory only. */
 int kn_blaslt_create(int deterministic, kn_blaslt **out, char *why, size_t why_len);
 void kn_blaslt_destroy(kn_blaslt *h);
@@ -151,6 +152,9 @@ void kn_blaslt_plan_destroy(kn_blaslt_plan *p);
  * the plan's matmul. Graph-capturable; every cublasLt call checked. */
 int kn_blaslt_matmul(kn_blaslt_plan *p, const kn_weight *w, const float *x, uint16_t *xb, float *y, void *ws,
                      void *stream);
+
+/* "file:line: call: STATUS (code)" of the last failed cublasLt call ("" if none). */
+const char *kn_blaslt_last_error(const kn_blaslt *h);
 
 #ifdef __cplusplus
 }

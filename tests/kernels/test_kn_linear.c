@@ -26,6 +26,7 @@
  *    <= ~4 ulp = 2.4e-7 per element, NMSE <= 6e-14: bound 1e-12.
  *  - argmax: equal to sampler_argmax (engine/runtime/sampler.c), with ties,
  *    NaN and -inf planted, then mapped through d2t (int32 and int64).
+ *  - cuBLASLt (opt-in, not batch invariant): see test_blaslt.
  * Exits 77 without a usable GPU (kn_harness_require_gpu).
  */
 #include <cuda_runtime_api.h>
@@ -247,6 +248,77 @@ static void test_matmul(void) {
     EXPECT(kn_matmul(&f, (const float *)((const char *)d + 4), 1, d, NULL) == (int)cudaErrorInvalidValue,
            "x not 16-byte aligned accepted");
     CK(cudaFree(d));
+}
+
+/* ----------------------------------------------------------- cuBLASLt
+ * Opt-in large-M bf16 path: vs the CPU matmul of the same bf16-rounded
+ * activations (products exact in f32, f32 accumulation in another order;
+ * tensor cores may keep fewer guard bits than IEEE adds: NMSE ~ n (2u)^2 <
+ * 2e-11, bound 1e-8), and bitwise reproducible run to run (pinned algorithm,
+ * no split-K). Not compared with kn_matmul: it is not batch invariant
+ * relative to it, by design. */
+static uint16_t f32_to_bf16_rne(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+static void test_blaslt(void) {
+    char why[512] = "";
+    kn_blaslt *h = NULL;
+    EXPECT(kn_blaslt_create(1, &h, why, sizeof why) == (int)cudaErrorNotSupported && !h && why[0],
+           "cuBLASLt accepted a deterministic backend");
+    const int rc = kn_blaslt_create(0, &h, why, sizeof why);
+    if (rc == (int)cudaErrorSharedObjectInitFailed) {
+        printf("cublaslt: not tested, the library is not loadable here (set SPECD_CUBLASLT): %s\n", why);
+        return;
+    }
+    EXPECT(rc == 0 && h, "kn_blaslt_create: %d %s", rc, why);
+    if (rc) return;
+    const struct { int64_t rows, cols; int32_t T; } cs[] = {{576, 1536, 128}, {1536, 576, 64}, {49152, 576, 33}};
+    const size_t ws_bytes = (size_t)32 << 20;
+    void *ws = dev_alloc(ws_bytes);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t rows = cs[c].rows, cols = cs[c].cols;
+        const int32_t T = cs[c].T;
+        kn_blaslt_plan *p = NULL;
+        const int prc = kn_blaslt_plan_create(h, rows, cols, T, ws_bytes, &p, why, sizeof why);
+        EXPECT(prc == 0, "kn_blaslt_plan_create %lldx%lld T=%d: %d %s", (long long)rows, (long long)cols, T, prc, why);
+        if (prc) continue;
+        uint8_t *hw = rand_weight(KN_W_BF16, rows, cols, (size_t)cols * 2);
+        float *x = rand_f32((size_t)T * cols), *xr = xmalloc((size_t)T * cols * 4);
+        for (size_t i = 0; i < (size_t)T * cols; i++) {
+            const uint32_t b = (uint32_t)f32_to_bf16_rne(x[i]) << 16;
+            memcpy(&xr[i], &b, 4);
+        }
+        float *ref = xmalloc((size_t)T * rows * 4), *y = xmalloc((size_t)T * rows * 4), *y2 = xmalloc((size_t)T * rows * 4);
+        const bk_weight bw = {BK_W_BF16, rows, cols, hw, (size_t)cols * 2, NULL};
+        EXPECT(g_cpu->ops->matmul(g_cpu->ctx, &bw, xr, T, ref) == 0, "cpu matmul failed");
+        void *dw = dev_upload(hw, (size_t)rows * cols * 2);
+        float *dx = dev_upload(x, (size_t)T * cols * 4), *dy = dev_alloc((size_t)T * rows * 4);
+        uint16_t *dxb = dev_alloc((size_t)T * cols * 2);
+        const kn_weight kw = {KN_W_BF16, rows, cols, dw, (size_t)cols * 2};
+        const int mrc = kn_blaslt_matmul(p, &kw, dx, dxb, dy, ws, NULL);
+        EXPECT(mrc == 0, "kn_blaslt_matmul: %d %s", mrc, kn_blaslt_last_error(h));
+        dev_download(y, dy, (size_t)T * rows * 4);
+        CK(cudaMemset(dy, 0, (size_t)T * rows * 4));
+        CK(kn_blaslt_matmul(p, &kw, dx, dxb, dy, ws, NULL));
+        dev_download(y2, dy, (size_t)T * rows * 4);
+        const double e = kn_nmse(y, ref, (size_t)T * rows);
+        EXPECT(e <= 1e-8, "cublaslt %lldx%lld T=%d: NMSE %.3g > 1e-8", (long long)rows, (long long)cols, T, e);
+        EXPECT(!memcmp(y, y2, (size_t)T * rows * 4), "cublaslt %lldx%lld T=%d: two runs differ", (long long)rows,
+               (long long)cols, T);
+        const kn_weight bad = {KN_W_BF16, rows + 1, cols, dw, (size_t)cols * 2};
+        EXPECT(kn_blaslt_matmul(p, &bad, dx, dxb, dy, ws, NULL) == (int)cudaErrorInvalidValue,
+               "a weight of another shape than the plan's accepted");
+        printf("cublaslt bf16 %6lld x %-5lld T=%3d: NMSE %.2e (bound 1e-08), reproducible\n", (long long)rows,
+               (long long)cols, T, e);
+        kn_blaslt_plan_destroy(p);
+        CK(cudaFree(dw)); CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(dxb));
+        free(hw), free(x), free(xr), free(ref), free(y), free(y2);
+    }
+    CK(cudaFree(ws));
+    kn_blaslt_destroy(h);
 }
 
 /* -------------------------------------------------------------- embed */
@@ -549,6 +621,7 @@ int main(void) {
     test_rope();
     test_elementwise();
     test_argmax();
+    test_blaslt();
     bk_cpu_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", g_fail ? "FAIL" : "ok", g_checks, g_fail);
     return g_fail ? 1 : 0;
