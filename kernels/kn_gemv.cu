@@ -53,12 +53,22 @@ template <int FMT> struct fmt_info {
     static constexpr int units_per_step = block ? 8 : 32;
 };
 
+/* A 16-byte weight chunk, read once per token tile: not kept in L1, which
+ * then holds the activation rows every warp of the SM re-reads. */
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
 /* Loads unit u of row wr for a lane (sub = lane % 4 for block formats). */
 template <int FMT>
 __device__ __forceinline__ raw_unit load_unit(const uint8_t *wr, int64_t u, int sub) {
     raw_unit r;
     if constexpr (!fmt_info<FMT>::block) {
-        r.q = __ldg(reinterpret_cast<const uint4 *>(wr) + u);
+        r.q = ld_stream16(wr + 16 * u);
         r.d = r.m = 0.f;
     } else {
         constexpr int BB = kn::block_bytes<FMT>::value;
