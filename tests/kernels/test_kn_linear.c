@@ -227,6 +227,10 @@ static void test_matmul(void) {
             test_matmul_case((kn_wtype)t, shapes[s].rows, shapes[s].cols, 0, 0);
         /* padded rows (row_bytes > natural, even) and an odd row count */
         test_matmul_case((kn_wtype)t, 77, 256, t <= KN_W_F16 ? 16 : 6, 0);
+        if (t == KN_W_BF16) { /* Llama-3.1-8B k_proj, and a 14336-long dot (down_proj rows) */
+            test_matmul_case((kn_wtype)t, 1024, 4096, 0, 0);
+            test_matmul_case((kn_wtype)t, 67, 14336, 0, 0);
+        }
         if (t <= KN_W_F16) {
             const size_t es = t == KN_W_F32 ? 4 : 2;
             /* 16-byte path with a 4-column scalar tail (bf16/f16: rows padded to 208 bytes) */
