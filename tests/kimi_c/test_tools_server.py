@@ -61,7 +61,11 @@ TOOLS = [
         "name": "get_weather", "description": "Weather of a city, in °C (ünïcode \"quoted\")",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"},
                                                         "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                                                        "precision": {"type": "number", "default": 0.1}},
+                                                        "precision": {"type": "number", "default": 0.1,
+                                                                      "examples": [1e-05, 2.5e20, 100.0, 123456.789,
+                                                                                   -0.0, 1e16, 1e15, 0.30000000000000004,
+                                                                                   -7, 5e-324, 1.7976931348623157e308,
+                                                                                   True, None, "\u0001\t/<>&"]}},
                        "required": ["city"]}}},
     {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
         "q": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}}}},

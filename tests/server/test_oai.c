@@ -521,8 +521,97 @@ static void test_logprobs_shapes(void **state) {
     free(f);
 }
 
+/* ---- the output parser (oai_tools.c) ---- */
+typedef struct parsed_all {
+    char reasoning[512], content[512], calls[512];
+    size_t n_calls;
+} parsed_all;
+
+static void collect(parsed_all *a, const oai_parsed *d) {
+    strncat(a->reasoning, d->reasoning ? d->reasoning : "", sizeof a->reasoning - strlen(a->reasoning) - 1);
+    strncat(a->content, d->content ? d->content : "", sizeof a->content - strlen(a->content) - 1);
+    for (size_t i = 0; i < d->n_calls; i++) {
+        char one[200];
+        snprintf(one, sizeof one, "[%s|%s|%s]", d->calls[i].id, d->calls[i].name, d->calls[i].arguments);
+        strncat(a->calls, one, sizeof a->calls - strlen(a->calls) - 1);
+    }
+    a->n_calls += d->n_calls;
+}
+
+/* Feeds TEXT in pieces of STEP bytes (0 = all at once), final on the last. */
+static parsed_all run_parser(const char *text, bool reasoning, bool tools, size_t step) {
+    parsed_all a;
+    memset(&a, 0, sizeof a);
+    oai_outparse p;
+    assert_int_equal(oai_outparse_init(&p, reasoning, tools, NULL, 0), 0);
+    size_t n = strlen(text), at = 0;
+    do {
+        size_t k = step && n - at > step ? step : n - at;
+        oai_parsed d = {0};
+        assert_int_equal(oai_outparse_feed(&p, text + at, k, at + k == n, &d), 0);
+        collect(&a, &d);
+        oai_parsed_free(&d);
+        at += k;
+    } while (at < n);
+    oai_outparse_free(&p);
+    return a;
+}
+
+static void test_outparse_split_feeds(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        bool reasoning, tools;
+        const char *reasoning_want, *content_want, *calls_want;
+    } cases[] = {
+        {"<think>a<b</think>c<|tool", true, false, "a<b", "c<|tool", ""},
+        {"plan</thi", true, true, "plan</thi", "", ""},
+        {"x</think>y<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+         "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>", true, true, "x", "y", "[functions.f:0|f|{\"a\": 1}]"},
+        {"hi <|tool_calls_section_begin|> <|tool_call_begin|>g:3<|tool_call_argument_begin|>{}<|tool_call_end|>"
+         "<|tool_call_begin|>functions.h:1<|tool_call_argument_begin|>[]<|tool_call_end|>", false, true, "",
+         "hi <|tool_call_begin|>functions.h:1<|tool_call_argument_begin|>[]<|tool_call_end|>", "[g:3|g|{}]"},
+        {"<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\"", false,
+         true, "", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\"", ""},
+        {"a <|tool_calls_section_begin|>b", false, false, "", "a <|tool_calls_section_begin|>b", ""},
+        {"<|tool_calls_sec", false, true, "", "<|tool_calls_sec", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parsed_all whole = run_parser(cases[i].text, cases[i].reasoning, cases[i].tools, 0);
+        if (strcmp(whole.reasoning, cases[i].reasoning_want) || strcmp(whole.content, cases[i].content_want) ||
+            strcmp(whole.calls, cases[i].calls_want))
+            fail_msg("case %zu: reasoning [%s] content [%s] calls [%s]", i, whole.reasoning, whole.content,
+                     whole.calls);
+        for (size_t step = 1; step <= 7; step++) { /* markers split across feeds: the same result */
+            parsed_all part = run_parser(cases[i].text, cases[i].reasoning, cases[i].tools, step);
+            if (memcmp(&part, &whole, sizeof whole))
+                fail_msg("case %zu step %zu: reasoning [%s] content [%s] calls [%s]", i, step, part.reasoning,
+                         part.content, part.calls);
+        }
+    }
+}
+
+/* Streaming holds back a possible marker start and nothing else. */
+static void test_outparse_holdback(void **state) {
+    (void)state;
+    oai_outparse p;
+    assert_int_equal(oai_outparse_init(&p, true, true, NULL, 0), 0);
+    oai_parsed d = {0};
+    assert_int_equal(oai_outparse_feed(&p, "<thi", 4, false, &d), 0);
+    assert_int_equal(d.reasoning_len + d.content_len, 0);
+    assert_int_equal(oai_outparse_feed(&p, "nk>abc</th", 10, false, &d), 0);
+    assert_string_equal(d.reasoning, "abc");
+    assert_int_equal(oai_outparse_feed(&p, "ink>ok <|tool_c", 15, false, &d), 0);
+    assert_string_equal(d.content, "ok ");
+    assert_int_equal(oai_outparse_feed(&p, "", 0, true, &d), 0);
+    assert_string_equal(d.content, "ok <|tool_c");
+    oai_parsed_free(&d);
+    oai_outparse_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_outparse_split_feeds), cmocka_unit_test(test_outparse_holdback),
         cmocka_unit_test(test_bad_inputs),        cmocka_unit_test(test_invalid_utf8_body),
         cmocka_unit_test(test_utf8_validator),    cmocka_unit_test(test_completion_good),
         cmocka_unit_test(test_completion_defaults), cmocka_unit_test(test_prompt_forms),
