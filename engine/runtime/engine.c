@@ -357,6 +357,7 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     for (size_t i = 0; i < r->sp.n_stop_token_ids; i++) s->suppress[s->n_suppress++] = r->sp.stop_token_ids[i];
     if (post_params_init(&s->pp, &r->sp, e->cfg.max_model_len) != 0) goto fail;
     if (post_init(&s->post, &e->detok, r->sp.skip_special_tokens) != 0) goto fail;
+    if (e->detok.prime && s->post.stream) e->detok.prime(s->post.stream, r->prompt, r->n_prompt);
     post_delta_reset(&s->delta);
     kv_seq_init(&s->kv);
     s->prompt_logprobs = r->prompt_logprobs && r->n_prompt > 1;

@@ -70,6 +70,14 @@ void tok_stream_destroy(tok_stream *s);
 int tok_stream_push(tok_stream *s, int32_t id, char **out, size_t *out_len, size_t *out_cap);
 /* Flushes held bytes at end of generation (incomplete tail -> U+FFFD). */
 int tok_stream_flush(tok_stream *s, char **out, size_t *out_len, size_t *out_cap);
+/* Serving edges (vLLM's DecodeStream semantics, docs/server.md):
+ * tok_stream_prime: when the bytes of IDS (the prompt) end inside a character,
+ * hold those bytes, so the generated token that completes the character emits
+ * it whole (the completion starts with the full character, no U+FFFD);
+ * tok_stream_drop: forget held bytes (a generation that ends inside a
+ * character emits nothing for it, no U+FFFD). */
+void tok_stream_prime(tok_stream *s, const int32_t *ids, size_t n);
+void tok_stream_drop(tok_stream *s);
 
 /* ---- chat templates ---- */
 /* One tool call of an earlier assistant turn (OpenAI tool_calls[i]). */

@@ -218,5 +218,35 @@ def test_partial_utf8_tokens_are_bytes(plain):
                for x in content if x.token.startswith("bytes:"))
 
 
+# ---------------------------------------------------------------- partial UTF-8 at the edges
+def test_partial_utf8_edges(plain):
+    """vLLM's DecodeStream semantics (docs/server.md): a prompt (ids) ending inside a character -> the token that
+    completes it emits the whole character; max_tokens inside a character -> nothing for it; never U+FFFD."""
+    emoji = token_ids(plain, "🍕")
+    base = token_ids(plain, "Pizza:")
+    assert len(emoji) >= 2
+    for stream in (False, True):
+        for cut in range(1, len(emoji)):
+            body = {"prompt": base + emoji[:cut], "max_tokens": len(emoji) - cut, "stream": stream,
+                    "specd_test_forced_output": emoji[cut:] + token_ids(plain, " yum")}
+            text, finish = "", None
+            if stream:
+                kw = {k: v for k, v in body.items() if k != "specd_test_forced_output"}
+                for ch in plain.client().completions.create(
+                        model="smol", extra_body={"specd_test_forced_output": body["specd_test_forced_output"]}, **kw):
+                    text += ch.choices[0].text
+                    finish = ch.choices[0].finish_reason or finish
+            else:
+                st, out = plain.post("/v1/completions", body)
+                assert st == 200, out
+                text, finish = out["choices"][0]["text"], out["choices"][0]["finish_reason"]
+            assert text == "🍕" and finish == "length", (cut, stream, text)
+            # the end edge: stop one token short of the character
+            body.update(prompt=base, max_tokens=cut, specd_test_forced_output=emoji)
+            st, out = plain.post("/v1/completions", dict(body, stream=False))
+            assert out["choices"][0]["text"] == "" and out["choices"][0]["finish_reason"] == "length", out
+            assert out["usage"]["completion_tokens"] == cut
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
