@@ -15,6 +15,18 @@
  * (text/event-stream) whose reader drains the streams into SSE frames and
  * suspends when none are ready; never a busy wait.
  *
+ * Chat output parsing (oai_tools.c): with tools (tool_choice other than
+ * "none") or a thinking template with thinking on, the special tokens are
+ * kept in the text and the text is split into reasoning_content / content /
+ * tool_calls: once over the whole text (non-streaming), or by one
+ * incremental parser per choice (streaming). tool_choice "required" or a
+ * named function appends the opening of a call to the prompt; the parser
+ * starts with it.
+ *
+ * TEST-ONLY: `specd_test_forced_output` (sampling_params.forced_ids) is
+ * honoured only when the process runs with SPECD_TEST_FORCED_OUTPUT=1, else
+ * refused like an unknown field.
+ *
  * Invariant: engine streams are only released in http_gen_release (called
  * from the completion callback after the request left the registry); anything
  * else only aborts them. Threading: MHD threads; see http_internal.h.

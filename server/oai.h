@@ -21,12 +21,17 @@
  *  - prompt/ids/messages that are empty, stop strings that are empty, n = 0,
  *    temperature < 0, top_p outside (0, 1], logprobs above OAI_MAX_LOGPROBS
  *    are 400 invalid_request_error with `param` naming the field.
- *  - unknown fields are ignored (clients send vendor extras); duplicate keys
- *    are rejected.
+ *  - every field specd does not implement is a 400 naming it (never ignored;
+ *    the table in oai_parse.c, docs/server.md); nulls count as absent;
+ *    duplicate keys are rejected; numbers out of range say "out of range".
+ *  - logit_bias {"id": bias in [-100, 100]} goes to sampling_params.
+ *  - chat `tools` / `tool_choice` / message tool calls: oai_tools.c.
  *
  * Responses are built as exact OpenAI shapes: objects "text_completion",
  * "chat.completion", "chat.completion.chunk"; choices with index, text or
- * message/delta, logprobs, finish_reason ("stop" | "length" | null);
+ * message/delta (chat: reasoning_content and tool_calls when the output is
+ * parsed, oai_tools.c), logprobs, finish_reason ("stop" | "length" |
+ * "tool_calls" | null); system_fingerprint;
  * usage {prompt_tokens, completion_tokens, total_tokens}. Streaming frames are
  * Server-Sent Events "data: {json}\n\n", ended by "data: [DONE]\n\n".
  *

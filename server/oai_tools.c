@@ -347,13 +347,12 @@ int oai_outparse_init(oai_outparse *p, bool reasoning, bool tools, const char *p
     p->reasoning = reasoning;
     p->tools = tools;
     p->phase = reasoning ? OP_THINK_START : OP_CONTENT;
-    if (prefix_len) {
-        p->buf = malloc(prefix_len + 1);
-        if (!p->buf) return -1;
-        memcpy(p->buf, prefix, prefix_len);
-        p->buf[prefix_len] = 0;
-        p->len = p->cap = prefix_len;
-    }
+    p->buf = malloc(prefix_len + 1); /* never NULL, even for an empty output */
+    if (!p->buf) return -1;
+    if (prefix_len) memcpy(p->buf, prefix, prefix_len);
+    p->buf[prefix_len] = 0;
+    p->len = prefix_len;
+    p->cap = prefix_len + 1;
     return 0;
 }
 

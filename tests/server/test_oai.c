@@ -411,7 +411,7 @@ static void test_response_shapes(void **state) {
     o.n_completion_tokens = 4;
     assert_int_equal(oai_choice_add(&ch[1], &o), 0);
     char *j = oai_response_json(&rc, ch, 2, 3, NULL);
-    assert_string_equal(j, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(j, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"text\":\"Hello\",\"logprobs\":null,\"finish_reason\":\"length\","
                            "\"stop_reason\":null},{\"index\":1,\"text\":\" world\",\"logprobs\":null,\"finish_reason\":"
                            "\"stop\",\"stop_reason\":\"END\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":6,"
@@ -421,7 +421,7 @@ static void test_response_shapes(void **state) {
     rc.id = "chatcmpl-1";
     j = oai_response_json(&rc, ch, 1, 3, NULL);
     assert_string_equal(j, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
-                           "\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\"},"
+                           "\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\"},"
                            "\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
                            "\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}");
     free(j);
@@ -451,7 +451,7 @@ static void test_echo_logprobs_shape(void **state) {
     oai_resp_ctx rc = {.kind = OAI_COMPLETION, .id = "c", .created = 1, .model = "m", .logprobs = 1,
                        .token_bytes = fake_tok};
     char *j = oai_response_json(&rc, &c, 1, 2, NULL);
-    assert_string_equal(j, "{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\",\"choices\":[{"
+    assert_string_equal(j, "{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\",\"choices\":[{"
                            "\"index\":0,\"text\":\"Hello!\",\"logprobs\":{\"tokens\":[\"Hel\",\"lo\",\"!\"],"
                            "\"token_logprobs\":[null,-2.0,-0.5],\"top_logprobs\":[null,{\"lo\":-2.0},{\"!\":-0.5}],"
                            "\"text_offset\":[0,3,5]},\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
@@ -465,24 +465,24 @@ static void test_sse_frames(void **state) {
     oai_resp_ctx rc = {.kind = OAI_CHAT, .id = "c", .created = 1, .model = "m", .logprobs = -1};
     size_t len;
     char *f = oai_chunk_sse(&rc, 0, "", 0, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, true, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":"
                            "null,\"finish_reason\":null}]}\n\n");
     assert_int_equal(len, strlen(f));
     free(f);
     f = oai_chunk_sse(&rc, 1, "Hi", 2, NULL, NULL, 0, 0, FINISH_STOP, "", 2, false, true, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":1,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,"
                            "\"finish_reason\":\"stop\",\"stop_reason\":2}],\"usage\":null}\n\n");
     free(f);
     f = oai_usage_sse(&rc, 4, 5, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":5,\"total_tokens\":9}}"
                            "\n\n");
     free(f);
     rc.kind = OAI_COMPLETION;
     f = oai_chunk_sse(&rc, 0, "a\"b", 3, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"text\":\"a\\\"b\",\"logprobs\":null,\"finish_reason\":null}]}"
                            "\n\n");
     free(f);
@@ -506,14 +506,14 @@ static void test_logprobs_shapes(void **state) {
                        .token_bytes = fake_tok};
     size_t len;
     char *f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 2, 10, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"text\":\"Hel\",\"logprobs\":{\"tokens\":[\"Hel\",\"bytes:\\\\xe2\\\\x82\"],"
                            "\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":[{\"Hel\":-0.5,\"lo\":-1.0},"
                            "{\"bytes:\\\\xe2\\\\x82\":-0.25}],\"text_offset\":[10,13]},\"finish_reason\":null}]}\n\n");
     free(f);
     rc.kind = OAI_CHAT;
     f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 1, 0, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"fp_specd_0.1.0\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"logprobs\":{\"content\":[{"
                            "\"token\":\"Hel\",\"logprob\":-0.5,\"bytes\":[72,101,108],\"top_logprobs\":[{\"token\":"
                            "\"Hel\",\"logprob\":-0.5,\"bytes\":[72,101,108]},{\"token\":\"lo\",\"logprob\":-1.0,"
