@@ -239,6 +239,19 @@ def test_k2_tool_result_literal_backslash_n(servers):
     assert "## Return of functions.get_weather:0\\n{" in text and "## Return of functions.get_weather:0\n" not in text
 
 
+def test_special_token_ids(servers):
+    """The markers are single special tokens with the ids of the K2-Instruct config (<think> / </think>: REFERENCE)."""
+    cfg = {int(k): v["content"] for k, v in json.load(open(K2_CONFIG, encoding="utf-8"))["added_tokens_decoder"].items()}
+    want = {"<|tool_calls_section_begin|>": 163595, "<|tool_calls_section_end|>": 163596, "<|tool_call_begin|>": 163597,
+            "<|tool_call_argument_begin|>": 163598, "<|tool_call_end|>": 163599, "<|im_end|>": IM_END,
+            "<|im_system|>": 163594, "<|im_middle|>": 163601, "<think>": 163606, "</think>": 163607}
+    for marker, i in want.items():
+        for srv in servers.values():
+            assert ids_of(srv, marker) == [i], marker
+        if i < 163606:
+            assert cfg[i] == marker
+
+
 # ---------------------------------------------------------------- outputs
 def forced_chat(srv, forced_text, *, tools=TOOLS, stream=False, thinking=None, max_tokens=64, extra=None):
     forced = ids_of(srv, forced_text) + [IM_END]
