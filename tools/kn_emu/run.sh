@@ -3,6 +3,7 @@
 # their GPU tests against the kn_emu CPU emulation and runs them (default:
 # kn_attn kn_sample). BUILD_DIR is a configured specd build whose
 # specd_backend / specd_runtime libraries are built (the CPU references).
+# KN_EMU_OUT=DIR puts the objects and binaries there (default BUILD_DIR/kn_emu).
 # An emulated pass is evidence about the kernels' logic, indexing, barriers
 # and the tests themselves; it says nothing about real GPU behaviour (memory
 # model, timing, expf rounding, performance). See README.md.
@@ -12,7 +13,7 @@ root=$(cd "$here/../.." && pwd)
 build=$(cd "$1" && pwd)
 shift
 tests=${*:-"kn_attn kn_sample"}
-out="$build/kn_emu"
+out=${KN_EMU_OUT:-"$build/kn_emu"}
 mkdir -p "$out"
 CXX=${CXX:-g++}
 CC=${CC:-gcc}
