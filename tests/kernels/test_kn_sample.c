@@ -147,7 +147,7 @@ static void test_ref_accept_is_cpu(void) {
     enum { V = 64 };
     float p[V], q[V], tmp[V];
     sampler_work *w = sampler_work_create(V);
-    int agree = 0, n = 2000;
+    int agree = 0, n = 100000;
     for (int it = 0; it < n; it++) {
         double sp = 0, sq = 0;
         for (int i = 0; i < V; i++) {
