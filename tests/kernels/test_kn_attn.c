@@ -2,9 +2,9 @@
  * test_kn_attn.c: kn_kv_write and kn_attention (kernels/kn_attn.h) against
  * the CPU backend's kv_write / attention, on random data.
  *
- * Three shapes: SmolLM2 (9 heads over 3 KV heads, head_dim 64, GQA 3), Llama
- * (8 over 2, head_dim 128) and the DeepSeek MLA absorbed form (8 heads over
- * one KV head of 576, K and V one plane). Five sequences with contexts 5,
+ * Four shapes: SmolLM2 (9 heads over 3 KV heads, head_dim 64, GQA 3), Llama
+ * (8 over 2, head_dim 128), the DeepSeek MLA absorbed form (8 heads over one
+ * KV head of 576, K and V one plane) and plain multi-head 4 x 80. Five sequences with contexts 5,
  * 130, 300, 600 and 1000 positions (1..4 splits of KN_ATTN_SPLIT = 256),
  * block tables shuffled over the pool. K, V and q of (seq, pos) are a hash of
  * (seq, pos), so whatever batch writes a slot writes the same values.
@@ -427,6 +427,7 @@ int main(void) {
         {"smollm2 9/3 x 64", 9, 3, 64, 16, 0},
         {"llama 8/2 x 128", 8, 2, 128, 16, 0},
         {"mla 8/1 x 576 k==v", 8, 1, 576, 64, 1},
+        {"mha 4/4 x 80", 4, 4, 80, 32, 0}, /* head_dim not a multiple of 64, no GQA */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         world w;
