@@ -46,7 +46,8 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
             return specd_err_set(err, "draft row %d: bad position or sequence index", i);
     }
     /* workspace: gn e x[2H] q k v att | gate up | tmp   (all [T, *]) */
-    const size_t need = (size_t)T * (size_t)(2 * H + 2 * H + qd + 2 * kvd + qd + 2 * I) + (size_t)T * (size_t)H;
+    const size_t need = (size_t)T * (size_t)(2 * H + 2 * H + qd + 2 * kvd + qd + 2 * I) + (size_t)T * (size_t)H +
+                        10 * BK_TAKE_SLACK;
     float *w0 = eagle3_workspace(h, need);
     if (!w0) return specd_err_set(err, "out of memory for a %d-row draft step", T);
     bk_cursor wc = {w0};

@@ -81,36 +81,71 @@ int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, spe
     return tok_create_from_gguf(b->tok_gguf, &b->tok, err);
 }
 
-/* Every rank's weight and KV bytes, gathered after loading (workers call
- * this at the same point of their start-up: it is a collective). */
+/* Every rank's weight bytes, KV bytes, KV blocks and block size
+ * (TP_MEM_WORDS per rank), gathered after loading: workers call this at the
+ * same point of their start-up (a collective). Ranks load at different
+ * speeds, so no per-call timeout while it waits (a dead rank is still caught
+ * by rank 0's monitor and PR_SET_PDEATHSIG). Every rank must have sized the
+ * same KV pool: the scheduler's block ids are used on all of them. */
+#define TP_MEM_WORDS 4
 static int tp_gather_memory(comm *c, const model *m, int64_t *out, specd_err *err) {
     model_shard_info si;
     model_get_shard(m, &si);
-    int64_t mine[2] = {si.weight_bytes, si.kv_bytes};
+    int64_t mine[TP_MEM_WORDS] = {si.weight_bytes, si.kv_bytes, model_kv_n_blocks(m), model_kv_block_size(m)};
     if (!c) {
         memcpy(out, mine, sizeof mine);
         return 0;
     }
-    return comm_all_gather(c, mine, sizeof mine, out, err);
+    comm_set_timeout_ms(c, 0);
+    const int rc = comm_all_gather(c, mine, sizeof mine, out, err);
+    comm_set_timeout_ms(c, comm_config_default().timeout_ms);
+    if (rc < 0) return -1;
+    for (int r = 1; r < comm_world(c); r++)
+        if (out[TP_MEM_WORDS * r + 2] != out[2] || out[TP_MEM_WORDS * r + 3] != out[3])
+            return specd_err_set(err, "tensor parallel: rank %d sized %lld KV blocks of %lld tokens, rank 0 %lld of %lld",
+                                 r, (long long)out[TP_MEM_WORDS * r + 2], (long long)out[TP_MEM_WORDS * r + 3],
+                                 (long long)out[2], (long long)out[3]);
+    return 0;
 }
 
-/* The step channel must hold the largest step rank 0 posts (tp.h): token
- * arrays of a full token budget plus a block table per running sequence. */
-static size_t tp_step_bytes(const specd_config *cfg) {
-    const int64_t len = cfg->max_model_len > 0 ? cfg->max_model_len : 1 << 17, bs = cfg->block_size > 0 ? cfg->block_size : 16;
-    const int64_t words = 16 + 3 * (int64_t)cfg->max_num_batched_tokens * 2 + (int64_t)cfg->max_num_seqs * (len / bs + 2);
-    return (size_t)(words * 4 > (1 << 20) ? words * 4 : 1 << 20);
+int specd_tp_threads(const specd_config *cfg) {
+    if (cfg->threads > 0 || cfg->tensor_parallel_size <= 1) return cfg->threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN) / cfg->tensor_parallel_size;
+    return n > 0 ? (int)n : 1; /* --threads 0 at TP N: the cores shared among the N ranks */
+}
+
+/* The largest step rank 0 can post (tp.h) for sequences of up to LEN
+ * tokens: the token arrays and out_idx of a full token budget plus a block
+ * table per running sequence (no tree mask: chain drafting). The channel is
+ * sized at launch, before the model's context length is known (LEN = the
+ * flag, else 2^17); once it is, specd_bundle_load refuses a configuration
+ * whose steps would not fit. */
+static size_t tp_step_bytes(const specd_config *cfg, int64_t len) {
+    const int64_t bs = cfg->block_size > 0 ? cfg->block_size : 16;
+    const int64_t words = 16 + 4 * (int64_t)cfg->max_num_batched_tokens + (int64_t)cfg->max_num_seqs * (len / bs + 2);
+    return (size_t)words * 4;
 }
 
 static int tp_launch(const specd_config *cfg, const char *const *worker_argv, specd_bundle *b, specd_err *err) {
     const int N = cfg->tensor_parallel_size;
     if (!worker_argv) return specd_err_set(err, "--tensor-parallel-size %d: this command runs one process only", N);
     ranks_config rc = {.world = N, .worker_argv = worker_argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
-    rc.comm.step_max_bytes = tp_step_bytes(cfg);
+    const size_t need = tp_step_bytes(cfg, cfg->max_model_len > 0 ? cfg->max_model_len : 1 << 17);
+    rc.comm.step_max_bytes = need > (1 << 20) ? need : 1 << 20;
     if (ranks_launch(&rc, &b->rk, err) < 0) return specd_err_wrap(err, "starting %d tensor-parallel ranks", N);
     tp_model_comm_shm(ranks_comm(b->rk), &b->tp_comm);
     LOG_INFO("tensor parallel: %d ranks (rank 0 = this process, pid %d; workers started)", N, (int)getpid());
     return 0;
+}
+
+int specd_bundle_tp_shutdown(specd_bundle *b, specd_err *err) {
+    if (!b->rk) return 0;
+    engine_destroy(b->eng); /* no step may be posted once the workers are told to go */
+    b->eng = NULL;
+    const int rc = ranks_shutdown(b->rk, 10000, err);
+    ranks_destroy(b->rk);
+    b->rk = NULL;
+    return rc;
 }
 
 int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap) {
@@ -125,7 +160,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     b->device = "cpu";
     if (cfg->device && !strcmp(cfg->device, "cuda")) specd_probe_cuda();
-    b->be = bk_cpu_create(cfg->threads);
+    b->be = bk_cpu_create(specd_tp_threads(cfg));
     if (!b->be) {
         specd_err_set(err, "cannot create the CPU backend");
         goto fail;
@@ -143,8 +178,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         goto fail;
     }
     for (int r = 0; r < b->n_ranks; r++)
-        LOG_INFO("rank %d memory: weights %.1f MiB, KV cache %.1f MiB", r, (double)b->rank_mem[2 * r] / (1 << 20),
-                 (double)b->rank_mem[2 * r + 1] / (1 << 20));
+        LOG_INFO("rank %d memory: weights %.1f MiB, KV cache %.1f MiB", r,
+                 (double)b->rank_mem[TP_MEM_WORDS * r] / (1 << 20), (double)b->rank_mem[TP_MEM_WORDS * r + 1] / (1 << 20));
     const model_config *mc = model_get_config(b->m);
     if (load_tokenizer(model_path, model_gguf(b->m), b, err)) {
         specd_err_wrap(err, "tokenizer of %s", model_path);
@@ -162,6 +197,12 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         goto fail;
     }
     LOG_INFO("max_model_len %d (KV pool holds %lld tokens)", b->max_model_len, (long long)kv_tokens);
+    if (b->rk && tp_step_bytes(cfg, b->max_model_len) > comm_step_max_bytes(ranks_comm(b->rk))) {
+        specd_err_set(err, "--tensor-parallel-size: a step of %d sequences of up to %d tokens would not fit the %zu-byte "
+                           "step channel (set --max-model-len)", cfg->max_num_seqs, b->max_model_len,
+                      comm_step_max_bytes(ranks_comm(b->rk)));
+        goto fail;
+    }
     if (b->spec.enabled) {
         eagle3_opts eo = {0};
         if (cfg->draft_aux_convention &&
@@ -203,6 +244,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (b->proposer && engine_set_proposer(b->eng, b->proposer, err)) goto fail;
     return 0;
 fail:
+    if (b->rk) comm_abort(ranks_comm(b->rk), err->msg); /* the workers stop at once, not after the drain timeout */
     specd_bundle_free(b);
     return -1;
 }
@@ -361,10 +403,14 @@ int specd_tp_worker_main(int argc, char **argv) {
         fprintf(stderr, "specd worker rank %d: %s\n", w.rank, err.msg);
         goto out;
     }
-    if (cfg.log_level && !strcmp(cfg.log_level, "warn")) log_set_level(LOG_LVL_WARN);
+    if (cfg.log_level)
+        log_set_level(!strcmp(cfg.log_level, "debug") ? LOG_LVL_DEBUG
+                      : !strcmp(cfg.log_level, "warn") ? LOG_LVL_WARN
+                      : !strcmp(cfg.log_level, "error") ? LOG_LVL_ERROR
+                                                        : LOG_LVL_INFO);
     model_comm mc;
     tp_model_comm_shm(c, &mc);
-    be = bk_cpu_create(cfg.threads);
+    be = bk_cpu_create(specd_tp_threads(&cfg));
     model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = cfg.kv_cache_memory, .tp = &mc};
     if (!be || model_load(pos[0], be, &mo, &m, &err) < 0) {
         char why[COMM_REASON_MAX];
@@ -373,7 +419,7 @@ int specd_tp_worker_main(int argc, char **argv) {
         comm_abort(c, why);
         goto out;
     }
-    int64_t all_mem[2 * 64];
+    int64_t all_mem[TP_MEM_WORDS * 64];
     if (tp_gather_memory(c, m, all_mem, &err) < 0) {
         LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
         goto out;

@@ -39,7 +39,7 @@ typedef struct specd_bundle {
     model_comm tp_comm;
     tp_runner tp_run;
     int n_ranks;                         /* 1 without TP */
-    int64_t rank_mem[2 * 64];            /* per rank: weight bytes, KV bytes (gathered after loading) */
+    int64_t rank_mem[4 * 64];            /* per rank: weight bytes, KV bytes, KV blocks, block size (gathered after loading) */
 } specd_bundle;
 
 /* Loads backend + model + tokenizer and creates (not starts) the engine.
@@ -49,6 +49,13 @@ typedef struct specd_bundle {
  * and loads rank 0's shard; worker_argv NULL refuses TP > 1. */
 int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
                       specd_bundle *b, specd_err *err);
+/* Stops the engine, then drains the worker ranks (their shutdown message,
+ * reaped within 10 s); -1 with the reason if any did not exit cleanly. The
+ * bundle stays freeable. No-op without TP. Call after HTTP has stopped. */
+int specd_bundle_tp_shutdown(specd_bundle *b, specd_err *err);
+/* CPU threads per rank: --threads, or at TP N with --threads 0 the online
+ * cores divided among the N ranks (at least 1). */
+int specd_tp_threads(const specd_config *cfg);
 /* Why the tensor-parallel group failed (a worker died, hung or failed a
  * step), into why; 0 while it is healthy or there is none. */
 int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap);

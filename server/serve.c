@@ -155,7 +155,11 @@ int specd_serve_main(int argc, char **argv) {
     serve_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     pthread_mutex_init(&ctx.mu, NULL);
-    pthread_cond_init(&ctx.cv, NULL);
+    pthread_condattr_t ca; /* timed waits on the monotonic clock: a wall-clock jump must not delay them */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&ctx.cv, &ca);
+    pthread_condattr_destroy(&ca);
     metrics *met = NULL;
     http_server *srv = NULL;
     char *config_json = NULL;
@@ -270,7 +274,7 @@ int specd_serve_main(int argc, char **argv) {
     specd_model_name(model_path, &cfg, name, sizeof name);
     {
         int64_t wb[METRICS_MAX_RANKS], kb[METRICS_MAX_RANKS];
-        for (int r = 0; r < b.n_ranks && r < METRICS_MAX_RANKS; r++) wb[r] = b.rank_mem[2 * r], kb[r] = b.rank_mem[2 * r + 1];
+        for (int r = 0; r < b.n_ranks && r < METRICS_MAX_RANKS; r++) wb[r] = b.rank_mem[4 * r], kb[r] = b.rank_mem[4 * r + 1];
         metrics_set_ranks(met, b.n_ranks, wb, kb);
     }
     http_attach_engine(srv, b.eng, name, model_path, b.max_model_len);
@@ -285,7 +289,7 @@ int specd_serve_main(int argc, char **argv) {
     pthread_mutex_lock(&ctx.mu);
     while (!atomic_load(&ctx.stop) && !tp_why[0]) {
         struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
+        clock_gettime(CLOCK_MONOTONIC, &dl);
         dl.tv_nsec += 100 * 1000 * 1000;
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&ctx.cv, &ctx.mu, &dl);
@@ -319,6 +323,10 @@ int specd_serve_main(int argc, char **argv) {
         nanosleep(&ts, NULL);
     }
     exit_code = 0;
+    if (specd_bundle_tp_failed(&b, tp_why, sizeof tp_why)) { /* a rank failed while draining */
+        LOG_ERROR("tensor parallel group failed while draining: %s", tp_why);
+        exit_code = 1;
+    }
 out:
     if (srv) {
         http_stop(srv, 2.0);
@@ -329,6 +337,13 @@ out:
         pthread_join(wd_th, NULL);
     }
     atomic_store(&ctx.eng, NULL);
+    if (b.rk) {
+        specd_err serr = {{0}};
+        if (specd_bundle_tp_shutdown(&b, &serr) < 0) {
+            LOG_ERROR("tensor parallel shutdown: %s", serr.msg);
+            exit_code = 1;
+        }
+    }
     specd_bundle_free(&b);
     if (sig_started) {
         atomic_store(&ctx.quit_signal_thread, true);

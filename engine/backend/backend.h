@@ -93,9 +93,13 @@ static inline bk_tensor bk_reshape(bk_tensor t, int64_t rows, int64_t cols) {
 }
 static inline size_t bk_nbytes(const bk_tensor *t) { return (size_t)t->rows * (size_t)t->cols * bk_dtype_size(t->dtype); }
 /* Bump allocation of f32 [rows, cols] tensors out of a workspace region of
- * backend memory (a pass sums its sizes, allocates once, carves in order). */
+ * backend memory (a pass sums its sizes plus BK_TAKE_SLACK per take,
+ * allocates once, carves in order). Every tensor starts on a 64-byte
+ * boundary (vector loads on the GPU need 16). */
+#define BK_TAKE_SLACK 16 /* floats of padding a take may add */
 typedef struct bk_cursor { float *p; } bk_cursor;
 static inline bk_tensor bk_take(bk_cursor *c, int64_t rows, int64_t cols) {
+    c->p = (float *)(((uintptr_t)c->p + 63) & ~(uintptr_t)63);
     bk_tensor t = bk_wrap_f32(c->p, rows, cols);
     c->p += (size_t)rows * (size_t)cols;
     return t;

@@ -274,15 +274,19 @@ static int ds_load_layer(ds_loader *L, int32_t l, specd_err *err) {
         ds_mat(L, NAME("layers.%d.self_attn.kv_b_proj.weight", l), nh * (n + v), kvl, &Y->kv_b, err) < 0 ||
         ds_mat(L, NAME("layers.%d.self_attn.o_proj.weight", l), H, nh * v, &Y->o, err) < 0)
         return -1;
-    /* absorbed-MLA per-head blocks of kv_b: W_UK^T (copied), W_UV (views) */
-    Y->w_uk_t = ds_own(s, sizeof(bk_weight) * (size_t)nh);
-    Y->w_uv = ds_own(s, sizeof(bk_weight) * (size_t)nh);
+    /* absorbed-MLA per-head blocks of kv_b: W_UK^T (copied), W_UV (views), for this rank's heads only
+     * (all of them at TP 1; a TP size that does not divide the heads is refused by model_tp_shard) */
+    const model_comm *tp = L->m->tp;
+    const int h0 = tp && tp->size > 1 && nh % tp->size == 0 ? (int)(tp->rank * (nh / tp->size)) : 0;
+    const int hn = tp && tp->size > 1 && nh % tp->size == 0 ? (int)(nh / tp->size) : (int)nh;
+    Y->w_uk_t = ds_own(s, sizeof(bk_weight) * (size_t)hn);
+    Y->w_uv = ds_own(s, sizeof(bk_weight) * (size_t)hn);
     if (!Y->w_uk_t || !Y->w_uv) return specd_err_set(err, "out of memory");
-    for (int h = 0; h < nh; h++) {
-        if (ds_make_wuk_t(s, &Y->kv_b, h, &Y->w_uk_t[h], err) < 0) return -1;
-        Y->w_uv[h] = Y->kv_b;
-        Y->w_uv[h].rows = v;
-        Y->w_uv[h].data = (const uint8_t *)Y->kv_b.data + (size_t)(h * (n + v) + n) * Y->kv_b.row_bytes;
+    for (int h = h0; h < h0 + hn; h++) {
+        if (ds_make_wuk_t(s, &Y->kv_b, h, &Y->w_uk_t[h - h0], err) < 0) return -1;
+        Y->w_uv[h - h0] = Y->kv_b;
+        Y->w_uv[h - h0].rows = v;
+        Y->w_uv[h - h0].data = (const uint8_t *)Y->kv_b.data + (size_t)(h * (n + v) + n) * Y->kv_b.row_bytes;
     }
     Y->moe = l >= c->first_k_dense && l % c->moe_layer_freq == 0;
     if (!Y->moe) {
@@ -425,8 +429,7 @@ int dsv3_tp_slice(model *m, specd_err *err) {
         /* MLA: this rank's heads of q_b and kv_b (and of their absorbed blocks); o_proj by its inputs */
         model_slice_rows(&Y->q_b, (int64_t)r * nh * (n + rr), (int64_t)nh * (n + rr));
         model_slice_rows(&Y->kv_b, (int64_t)r * nh * (n + v), (int64_t)nh * (n + v));
-        Y->w_uk_t += (size_t)r * nh;
-        Y->w_uv += (size_t)r * nh;
+        /* w_uk_t / w_uv were built for this rank's heads only (ds_load_layer) */
         snprintf(what, sizeof what, "layer %d o_proj", l);
         if (model_slice_cols(m, what, &Y->o, (int64_t)r * nh * v, (int64_t)nh * v, err) < 0) return -1;
         /* dense MLP, or the shared experts: column (gate/up) and row (down) parallel */
@@ -448,4 +451,26 @@ int dsv3_tp_slice(model *m, specd_err *err) {
         }
     }
     return 0;
+}
+
+static int64_t wbytes(const bk_weight *w) {
+    int64_t b = (int64_t)w->rows * (int64_t)w->row_bytes;
+    if (w->type == BK_W_I4G32) b += (int64_t)w->rows * (w->cols / 32) * 2;
+    return b;
+}
+
+int64_t dsv3_weight_bytes(const model *m) {
+    const dsv3_state *s = m->ds;
+    const hf_config *c = &s->hc;
+    int64_t b = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const dsv3_layer *Y = &s->layers[l];
+        const bk_weight *ws[] = {&Y->q_a, &Y->q_b, &Y->kv_a, &Y->kv_b, &Y->o, &Y->gate, &Y->up, &Y->down, &Y->router};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data) b += wbytes(ws[i]);
+        if (Y->moe)
+            for (int32_t e = 0; e < c->n_routed_experts; e++)
+                b += wbytes(&Y->ex_gate[e]) + wbytes(&Y->ex_up[e]) + wbytes(&Y->ex_down[e]);
+    }
+    return b;
 }

@@ -390,7 +390,7 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, naux = b->aux ? b->n_aux : 0;
     /* workspace: x h q k v att | gate up | ids [T] | aux [T, n_aux * H] (device backends) */
     float *w0 = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)F + 1 +
-                                                (hv ? 0 : naux * H)));
+                                                (hv ? 0 : naux * H)) + 11 * BK_TAKE_SLACK);
     if (!w0) return specd_err_set(err, "out of memory for a %d-token step", T);
     bk_cursor wc = {w0};
     bk_tensor x = bk_take(&wc, T, H), h = bk_take(&wc, T, H), q = bk_take(&wc, T, qd), k = bk_take(&wc, T, kvd);

@@ -101,7 +101,8 @@ int model_place(model *m, specd_err *err) {
 
 bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf) {
     if (m->be->host_visible) return bk_wrap_i32(b->tokens, b->n_tokens, 1);
-    m->be->ops->upload(m->be->ctx, ids_buf, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens);
+    if (m->be->ops->upload(m->be->ctx, ids_buf, b->tokens, sizeof(int32_t) * (size_t)b->n_tokens) < 0)
+        return bk_wrap_i32(NULL, b->n_tokens, 1); /* embed refuses a NULL tensor */
     return bk_wrap_i32(ids_buf, b->n_tokens, 1);
 }
 
@@ -240,29 +241,32 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     void *bx = m->be->ctx;
     const bool hv = m->be->host_visible, split = m->vocab_split && m->tp_size > 1;
     const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab, Vl = m->vocab_l, N = m->tp_size;
-    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N] */
-    const size_t lg_floats = !b->logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) : hv ? 0 : (size_t)n * V;
-    float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, (size_t)n + (size_t)n * H + lg_floats);
+    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N],
+     * each region on a 64-byte boundary */
+    const size_t lg_floats = !b->logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) + 16 : hv ? 0 : (size_t)n * V;
+    const size_t n_pad = ((size_t)n + 15) & ~(size_t)15, xn_pad = ((size_t)n * H + 15) & ~(size_t)15;
+    float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, n_pad + xn_pad + lg_floats + 16);
     if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
+    w = (float *)(((uintptr_t)w + 63) & ~(uintptr_t)63); /* grown buffers are 16-aligned (calloc) or more */
     bk_tensor idx = bk_wrap_i32(b->out_idx, n, 1);
     if (!hv) {
         idx.data = w;
         if (op->upload(bx, w, b->out_idx, sizeof(int32_t) * (size_t)n) < 0) goto dev_fail;
     }
-    bk_tensor xn = bk_wrap_f32(w + n, n, H);
+    bk_tensor xn = bk_wrap_f32(w + n_pad, n, H);
     if (op->gather_rows(bx, x, &idx, &xn) < 0 || op->rmsnorm(bx, &xn, &m->out_norm_t, m->cfg.rms_eps, &xn) < 0)
         goto dev_fail;
     if (b->final_hidden && op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n * H) < 0)
         goto dev_fail;
     if (!b->logits) return 0;
-    float *lw = w + n + (size_t)n * H;
+    float *lw = w + n_pad + xn_pad;
     if (!split) {
         bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(lw, n, V);
         if (op->matmul(bx, &m->lm_head, &xn, &lg)) return specd_err_set(err, "LM head matmul failed");
         if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n * V) < 0) goto dev_fail;
         return 0;
     }
-    bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (size_t)n * Vl, (int64_t)N * n, Vl);
+    bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15), (int64_t)N * n, Vl);
     if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
     if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");
     float *host = hv ? bk_f32(&all) : b->logits; /* device: download [N, n, Vl] into logits, then permute in place */

@@ -40,7 +40,9 @@ struct model {
     int32_t block_size, n_blocks;
     size_t kv_layer_elems;            /* elements of one layer's K (= of V) */
     /* Activation workspace in backend memory, f32: grow-only (the largest
-     * step seen; model_reserve sizes it at start so no step allocates). */
+     * step seen so far; after the first steps of the largest size nothing is
+     * allocated). A backend that must not allocate during steps (CUDA graphs)
+     * sizes it by running its largest step before serving. */
     float *ws;
     size_t ws_cap;                    /* floats */
     float *ws_out;                    /* model_finish_outputs' own region, grow-only */
@@ -99,6 +101,8 @@ int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64
  * inside (gate/up rows, down columns); latent path, router and norms
  * replicated. Refuses sizes that do not divide with the reason. */
 int dsv3_tp_slice(model *m, specd_err *err);
+/* Bytes of this rank's DeepSeek-V3 layer weights (int4 group scales included). */
+int64_t dsv3_weight_bytes(const model *m);
 /* Sum of x over the ranks (after a row-parallel linear); no-op at TP 1. */
 int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);

@@ -65,7 +65,9 @@ int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64
                              m->tp_size, what, (long long)n, (long long)w->cols);
     uint8_t *dst = model_own(m, len * (size_t)w->rows);
     if (!dst) return specd_err_set(err, "out of memory slicing %s", what);
+    const void *old_scales = NULL;
     if (w->type == BK_W_I4G32) { /* the group scales [rows, cols / 32] bf16 follow the columns */
+        old_scales = w->scales;
         const size_t sw = (size_t)(w->cols / 32) * 2, so = (size_t)(c0 / 32) * 2, sl = (size_t)(n / 32) * 2;
         uint8_t *sd = model_own(m, sl * (size_t)w->rows);
         if (!sd) return specd_err_set(err, "out of memory slicing %s", what);
@@ -82,6 +84,11 @@ int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)w->data + pg - 1) & ~(pg - 1);
     const uintptr_t e = ((uintptr_t)w->data + (size_t)w->rows * w->row_bytes) & ~(pg - 1);
     if (!owned && e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    if (old_scales) { /* the int4 group scales: the same for their range */
+        const uintptr_t sa = ((uintptr_t)old_scales + pg - 1) & ~(pg - 1);
+        const uintptr_t se = ((uintptr_t)old_scales + (size_t)w->rows * (size_t)(w->cols / 32) * 2) & ~(pg - 1);
+        if (se > sa) madvise((void *)sa, se - sa, MADV_DONTNEED);
+    }
     w->data = dst;
     w->row_bytes = len;
     w->cols = n;
@@ -112,6 +119,8 @@ int model_tp_shard(model *m, specd_err *err) {
         if (m->vocab_split) model_slice_rows(&m->lm_head, (int64_t)r * m->vocab_l, m->vocab_l);
         if (dsv3_tp_slice(m, err) < 0) return -1;
         m->ffn_l = c->ffn / N;
+        m->weight_bytes = weight_bytes(&m->embed) + (c->tied_embeddings ? 0 : weight_bytes(&m->lm_head)) +
+                          dsv3_weight_bytes(m);
         LOG_INFO("tensor parallel rank %d/%d: %d of %d MLA heads (latent replicated), MLPs and experts split "
                  "inside (1/%d of every expert), LM head %s",
                  r, N, m->nh_l, c->n_heads, N, m->vocab_split ? "split by vocabulary" : "replicated");
@@ -157,6 +166,7 @@ int model_tp_shard(model *m, specd_err *err) {
         const bk_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) bytes += weight_bytes(ws[i]);
     }
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V3) bytes += dsv3_weight_bytes(m);
     m->weight_bytes = bytes;
     if (N > 1)
         LOG_INFO("tensor parallel rank %d/%d: %d of %d heads, KV heads %d..%d of %d, MLP %d of %d, LM head %s, "

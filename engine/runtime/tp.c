@@ -46,17 +46,26 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     size_t words = TP_HDR + 3 * (size_t)T + (size_t)S + (size_t)b->n_out + (size_t)naux;
     for (int32_t s = 0; s < S; s++) words += (size_t)seq_blocks(b, s, bs);
     const size_t bytes = words * 4 + (b->tree_mask ? (size_t)T * T : 0);
-    if (bytes > comm_step_max_bytes(c))
-        return specd_err_set(err, "tensor parallel: a %d-token step needs %zu bytes, the step channel holds %zu", T,
-                             bytes, comm_step_max_bytes(c));
+    if (bytes > comm_step_max_bytes(c)) {
+        specd_err_set(err, "tensor parallel: a %d-token step needs %zu bytes, the step channel holds %zu", T, bytes,
+                      comm_step_max_bytes(c));
+        return -2;
+    }
     int32_t *w = malloc(bytes);
-    if (!w) return specd_err_set(err, "out of memory");
+    if (!w) {
+        specd_err_set(err, "out of memory");
+        return -2;
+    }
     int32_t *p = w;
     *p++ = T;
     *p++ = S;
     *p++ = b->n_out;
     *p++ = naux;
-    *p++ = (b->logits ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
+    /* the workers' logits exist only for a vocabulary-parallel LM head's all-gather */
+    model_shard_info si;
+    model_get_shard(m, &si);
+    const bool gather = b->logits && b->n_out > 0 && si.size > 1 && si.vocab_rows < model_get_config(m)->vocab;
+    *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
     memcpy(p, b->tokens, 4 * (size_t)T), p += T;
     memcpy(p, b->pos, 4 * (size_t)T), p += T;
     memcpy(p, b->seq_of, 4 * (size_t)T), p += T;
@@ -73,8 +82,12 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     return rc;
 }
 
-/* Rebuilds a model_batch pointing into msg (n bytes); tables: room for n_seqs pointers. */
-static int step_parse(const int32_t *msg, size_t n, model_batch *b, const int32_t ***tables, specd_err *err) {
+/* Rebuilds a model_batch pointing into msg (n bytes); tables: grown to n_seqs
+ * pointers. Everything a worker's forward will index is checked against its
+ * own KV pool (n_blocks blocks of bs tokens): each token's sequence, its
+ * position covered by that sequence's table, every block id in range. */
+static int step_parse(const int32_t *msg, size_t n, int32_t n_blocks, int32_t bs, model_batch *b,
+                      const int32_t ***tables, specd_err *err) {
     const int32_t *p = msg, *end = msg + n / 4;
     if (n < TP_HDR * 4) return specd_err_set(err, "tensor parallel: short step message (%zu bytes)", n);
     memset(b, 0, sizeof *b);
@@ -93,10 +106,20 @@ static int step_parse(const int32_t *msg, size_t n, model_batch *b, const int32_
     for (int32_t s = 0; s < S; s++) {
         if (p >= end || *p < 0 || end - p - 1 < *p) return specd_err_set(err, "tensor parallel: malformed block table");
         const int32_t nb = *p++;
+        for (int32_t i = 0; i < nb; i++)
+            if (p[i] < 0 || p[i] >= n_blocks)
+                return specd_err_set(err, "tensor parallel: block id %d of sequence %d outside this rank's %d blocks",
+                                     p[i], s, n_blocks);
         tb[s] = p;
         p += nb;
     }
     b->block_tables = tb;
+    for (int32_t t = 0; t < T; t++) { /* every position inside its sequence's table (nb is the word before it) */
+        const int32_t s = b->seq_of[t];
+        if (s < 0 || s >= S || b->pos[t] < 0 || b->pos[t] / bs >= tb[s][-1])
+            return specd_err_set(err, "tensor parallel: token %d (sequence %d, position %d) outside its block table", t,
+                                 s, b->pos[t]);
+    }
     if (end - p < (ptrdiff_t)no + na) return specd_err_set(err, "tensor parallel: malformed step message");
     b->n_out = no;
     b->out_idx = p, p += no;
@@ -124,7 +147,7 @@ int tp_worker_run(comm *c, model *m, specd_err *err) {
         if (comm_step_recv(c, msg, cap, &n, &kind, 0, err) < 0) goto done;
         if (kind == COMM_STEP_SHUTDOWN) { rc = 0; goto done; }
         model_batch b;
-        const int fl = step_parse(msg, n, &b, &tables, err);
+        const int fl = step_parse(msg, n, model_kv_n_blocks(m), model_kv_block_size(m), &b, &tables, err);
         if (fl < 0) { comm_abort(c, err->msg); goto done; }
         if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
             const size_t need = (size_t)b.n_out * (size_t)V;
@@ -152,7 +175,9 @@ done:
 
 int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err) {
     tp_runner *r = ctx;
-    if (tp_step_post(r->c, r->m, b, err) < 0) {
+    const int rc = tp_step_post(r->c, r->m, b, err);
+    if (rc == -2) return -1; /* refused before anything was sent: the ranks are still in step, fail this step only */
+    if (rc < 0) {
         comm_abort(r->c, err->msg);
         return -1;
     }

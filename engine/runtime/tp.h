@@ -35,7 +35,9 @@
 void tp_model_comm_shm(comm *c, model_comm *out);
 
 /* Rank 0: posts batch b of model m to every worker (returns once it is
- * queued). A batch larger than the step channel's message size fails. */
+ * queued). Returns 0, -2 when it refused before sending anything (a batch
+ * larger than the step channel's message size, out of memory: the group is
+ * still consistent), or -1 when the channel failed. */
 int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err);
 
 /* Worker: serves steps on model m (loaded with this rank's shard) until rank

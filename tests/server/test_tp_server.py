@@ -44,9 +44,43 @@ MAX_TOK = 40
 
 
 def worker_pids(server):
-    """pids of the worker ranks of SERVER (children running with --specd-comm-rank)."""
+    """{rank: pid} of the worker ranks of SERVER (its children started with --specd-comm-rank=R)."""
     out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "specd-comm-rank"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    ranks = {}
+    for p in out.stdout.split():
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            for a in f.read().split(b"\0"):
+                if a.startswith(b"--specd-comm-rank="):
+                    ranks[int(a.split(b"=")[1])] = int(p)
+    return ranks
+
+
+def start_stream(server, max_tokens, res):
+    """Starts a streamed completion of MAX_TOKENS tokens in a thread; returns (thread, event set at the first
+    chunk). RES gets "chunks", "finish", "usage" or "error"."""
+    first = threading.Event()
+
+    def run():
+        try:
+            st = server.client().completions.create(model="smollm2", prompt="Once upon a time", max_tokens=max_tokens,
+                                                    temperature=0, stream=True, stream_options={"include_usage": True},
+                                                    extra_body={"ignore_eos": True})
+            res["chunks"] = 0
+            for ch in st:
+                first.set()
+                res["chunks"] += 1
+                if ch.choices and ch.choices[0].finish_reason:
+                    res["finish"] = ch.choices[0].finish_reason
+                if ch.usage:
+                    res["usage"] = ch.usage
+        except Exception as e:  # noqa: BLE001 - the error is the observation
+            res["error"] = e
+        finally:
+            first.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, first
 
 
 def rss_kib(pid):
@@ -135,8 +169,9 @@ def test_openai_client_tp3(tp3):
 
 
 def test_memory_per_rank(tp1, tp3):
+    chat(tp1, PROMPTS[0]), chat(tp3, PROMPTS[0])  # both have served (weights touched), whatever ran before
     r1 = rss_kib(tp1.proc.pid)
-    ranks = [tp3.proc.pid] + worker_pids(tp3)
+    ranks = [tp3.proc.pid] + list(worker_pids(tp3).values())
     assert len(ranks) == 3, ranks
     rs = [rss_kib(p) for p in ranks]
     print(f"RSS TP 1: {r1 / 1024:.1f} MiB; TP 3 ranks 0/1/2: " + " / ".join(f"{x / 1024:.1f}" for x in rs) + " MiB")
@@ -167,8 +202,9 @@ def test_worker_killed_mid_request():
     s = sp.Server(COMMON + ["--tensor-parallel-size", "3"])
     try:
         workers = worker_pids(s)
-        assert len(workers) == 2
-        res = {}
+        assert sorted(workers) == [1, 2], workers
+        # a non-streamed request in flight (its status can still be a 5xx) and a streamed one past its first token
+        res, sres = {}, {}
 
         def long_request():
             res["r"] = s.post("/v1/completions", {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 400,
@@ -176,19 +212,23 @@ def test_worker_killed_mid_request():
 
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(1.0)
+        ts, first = start_stream(s, 400, sres)
+        assert first.wait(120) and "error" not in sres, sres
         t0 = time.time()
-        os.kill(workers[1], signal.SIGKILL)
-        t.join(timeout=30)
+        os.kill(workers[2], signal.SIGKILL)
+        t.join(timeout=60)
+        ts.join(timeout=60)
         status, body = res["r"]
         assert 500 <= status < 600, (status, body)
         assert "rank 2" in body["error"]["message"], body
+        assert sres.get("finish") != "length", sres  # the stream ended early (error event or cut), never completed
         s.proc.wait(timeout=5)
         dt = time.time() - t0
         assert s.proc.returncode not in (0, None), s.proc.returncode
-        print(f"worker killed: {status} to the in-flight request, server exit {s.proc.returncode} after {dt:.2f} s")
+        print(f"worker killed: {status} to the in-flight request, the stream cut after {sres.get('chunks')} chunks, "
+              f"server exit {s.proc.returncode} after {dt:.2f} s")
         time.sleep(0.5)
-        for w in workers:
+        for w in workers.values():
             assert not os.path.exists(f"/proc/{w}") or open(f"/proc/{w}/stat").read().split()[2] == "Z", w
     finally:
         if s.proc.poll() is None:
@@ -199,21 +239,14 @@ def test_sigterm_drains():
     s = sp.Server(COMMON + ["--tensor-parallel-size", "3"])
     workers = worker_pids(s)
     res = {}
-
-    def long_request():
-        res["r"] = s.post("/v1/completions", {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 120,
-                                              "temperature": 0, "ignore_eos": True})
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(1.0)
-    s.proc.send_signal(signal.SIGTERM)
-    t.join(timeout=120)
-    status, body = res["r"]
-    assert status == 200, body
-    assert body["usage"]["completion_tokens"] == 120 and body["choices"][0]["finish_reason"] == "length"
+    t, first = start_stream(s, 200, res)
+    assert first.wait(120) and "error" not in res, res
+    s.proc.send_signal(signal.SIGTERM)  # the request is past its first token: the drain must let it finish
+    t.join(timeout=300)
+    assert "error" not in res, res
+    assert res["finish"] == "length" and res["usage"].completion_tokens == 200, res
     assert s.proc.wait(timeout=60) == 0, s.read_log()
-    for w in workers:
+    for w in workers.values():
         assert not os.path.exists(f"/proc/{w}"), f"worker {w} still there after the drain"
 
 
