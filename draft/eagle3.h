@@ -81,6 +81,11 @@ typedef struct eagle3_opts {
  * validated, aux layers resolved) and returns a proposer. o may be NULL
  * (defaults). Returns 0, or -1 with err. */
 int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err);
+/* The head alone, with the options eagle3_load gives it (a tensor-parallel
+ * worker rank's copy, draft/eagle3_tp.h). */
+struct eagle3_head;
+int eagle3_head_load_for(const char *dir, model *target, const eagle3_opts *o, struct eagle3_head **out,
+                         specd_err *err);
 void eagle3_destroy(spec_proposer *p); /* NULL ok */
 
 /* Checks the map at PATH alone for eagle3_opts.hot_vocab with a target of

@@ -36,8 +36,10 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
     const eagle3_config *c = &h->cfg;
     const bk_ops *op = h->tgt.be->ops;
     void *bx = h->tgt.be->ctx;
-    const int32_t T = r->n, H = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, I = c->ffn;
+    /* this rank's heads, KV heads and MLP width (the whole head without tensor parallelism) */
+    const int32_t T = r->n, H = c->hidden, hd = c->head_dim;
+    const int32_t nh = h->tp ? h->nh_l : c->n_heads, nkv = h->tp ? h->nkv_l : c->n_kv_heads;
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, I = h->tp ? h->ffn_l : c->ffn;
     if (T <= 0) return 0;
     for (int32_t i = 0; i < T; i++) {
         if (r->tokens[i] < 0 || r->tokens[i] >= h->embed->rows)
@@ -45,6 +47,7 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
         if (r->pos[i] < 0 || r->seq_of[i] < 0 || r->seq_of[i] >= r->n_seqs)
             return specd_err_set(err, "draft row %d: bad position or sequence index", i);
     }
+    if (eagle3_tp_post_layer(h, r, g, err) < 0) return -1; /* rank 0: the workers run the same call on their shards */
     /* workspace: gn e x[2H] q k v att | gate up | tmp   (all [T, *]) */
     const size_t need = (size_t)T * (size_t)(2 * H + 2 * H + qd + 2 * kvd + qd + 2 * I) + (size_t)T * (size_t)H +
                         10 * BK_TAKE_SLACK;
@@ -81,6 +84,7 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
     OPS(op->kv_write(bx, &kv, &am, &k, &v));
     OPS(op->attention(bx, &kv, &am, &q, nh, 1.0f / sqrtf((float)hd), &att));
     if (op->matmul(bx, &h->wo, &att, &tmp)) return specd_err_set(err, "draft o_proj matmul failed");
+    if (eagle3_tp_all_reduce(h, &tmp, err) < 0) return -1; /* row-parallel: partial sums; the bias once, after */
     BIAS(tmp, h->bo, H);
 
     /* 5: h = residual + attn; h += down(silu(gate(n)) * up(n)) */
@@ -89,6 +93,7 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
         return specd_err_set(err, "draft MLP matmul failed");
     OPS(op->silu_mul(bx, &gate, &up, &gate));
     if (op->matmul(bx, &h->wdown, &gate, &tmp)) return specd_err_set(err, "draft down_proj matmul failed");
+    if (eagle3_tp_all_reduce(h, &tmp, err) < 0) return -1;
     OPS(op->add(bx, &outt, &tmp));
 #undef BIAS
 #undef OPS
@@ -98,12 +103,16 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *ou
 int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, specd_err *err) {
     if (n <= 0) return 0;
     const int32_t H = h->cfg.hidden;
-    /* The layer's workspace is free again here; norm into it. */
-    float *xn = eagle3_workspace(h, (size_t)n * H);
+    const bool split = eagle3_tp_vocab_split(h);
+    if (eagle3_tp_post_logits(h, hid, n, err) < 0) return -1; /* rank 0, split LM head: the workers join */
+    /* The layer's workspace is free again here; norm into it (and the local logits of a split head after it). */
+    const size_t Vl = (size_t)h->lm_head.rows;
+    float *xn = eagle3_workspace(h, (size_t)n * H + (split ? (size_t)n * Vl : 0));
     if (!xn) return specd_err_set(err, "out of memory");
-    bk_tensor ht = hw(hid, n, H), xt = hw(xn, n, H), g = hw(h->n_final, 1, H), lt = hw(logits, n, h->lm_head.rows);
+    float *loc = split ? xn + (size_t)n * H : logits;
+    bk_tensor ht = hw(hid, n, H), xt = hw(xn, n, H), g = hw(h->n_final, 1, H), lt = hw(loc, n, (int64_t)Vl);
     if (h->tgt.be->ops->rmsnorm(h->tgt.be->ctx, &ht, &g, h->cfg.rms_eps, &xt) < 0 ||
         h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->lm_head, &xt, &lt))
         return specd_err_set(err, "draft lm_head matmul failed");
-    return 0;
+    return split ? eagle3_tp_gather_logits(h, loc, n, logits, err) : 0;
 }

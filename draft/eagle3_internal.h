@@ -37,8 +37,25 @@ struct eagle3_head {
     size_t ws_cap;
     void **owned;                     /* converted copies, freed at destroy */
     int n_owned;
+    /* tensor parallelism (eagle3_tp.c): NULL = the whole head here */
+    struct eagle3_tp *tp;
+    int32_t nh_l, nkv_l, ffn_l;       /* this rank's attention heads, KV heads, MLP width */
 };
 
 float *eagle3_workspace(eagle3_head *h, size_t n_floats);
+/* A zeroed allocation freed with the head (converted / sliced copies). */
+void *head_own(eagle3_head *h, size_t bytes);
+
+/* eagle3_tp.c, used by the forward: no-ops without tensor parallelism.
+ * post_*: rank 0 sends the call and its inputs to the workers first.
+ * all_reduce: after the row-parallel o_proj / down_proj. gather_logits:
+ * the vocabulary-split LM head's [n, Vs/N] pieces into logits [n, Vs]
+ * (NULL on workers); vocab_split: whether that applies. */
+int eagle3_tp_post_layer(eagle3_head *h, const eagle3_rows *r, const float *g, specd_err *err);
+int eagle3_tp_post_logits(eagle3_head *h, const float *hid, int32_t n, specd_err *err);
+int eagle3_tp_all_reduce(eagle3_head *h, bk_tensor *x, specd_err *err);
+int eagle3_tp_gather_logits(eagle3_head *h, const float *local, int32_t n, float *logits, specd_err *err);
+bool eagle3_tp_vocab_split(const eagle3_head *h);
+int eagle3_tp_size(const eagle3_head *h); /* ranks the head is split over (1: whole) */
 
 #endif

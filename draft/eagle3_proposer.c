@@ -406,6 +406,15 @@ int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd
     return 0;
 }
 
+int eagle3_head_load_for(const char *dir, model *target, const eagle3_opts *o, eagle3_head **out, specd_err *err) {
+    const model_config *mc = model_get_config(target);
+    eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
+                       mc->vocab, mc->n_layers};
+    eagle3_head_opts ho = {o->aux_ids_convention, model_kv_block_size(target),
+                           o->n_blocks > 0 ? o->n_blocks : model_kv_n_blocks(target) + 256, o->q8_0, o->hot_vocab};
+    return eagle3_head_load(dir, &t, &ho, out, err);
+}
+
 int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_proposer **out, specd_err *err) {
     *out = NULL;
     e3_proposer *P = calloc(1, sizeof *P);
@@ -413,12 +422,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     if (o) P->opts = *o;
     if (P->opts.max_rows <= 0) P->opts.max_rows = 512;
     const model_config *mc = model_get_config(target);
-    eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
-                       mc->vocab, mc->n_layers};
-    eagle3_head_opts ho = {P->opts.aux_ids_convention, model_kv_block_size(target),
-                           P->opts.n_blocks > 0 ? P->opts.n_blocks : model_kv_n_blocks(target) + 256, P->opts.q8_0,
-                           P->opts.hot_vocab};
-    if (eagle3_head_load(dir, &t, &ho, &P->head, err) < 0) {
+    if (eagle3_head_load_for(dir, target, &P->opts, &P->head, err) < 0) {
         free(P);
         return -1;
     }

@@ -30,7 +30,7 @@
 #include "engine/loader/gguf.h" /* fp16 conversion */
 #include "engine/util/log.h"
 
-static void *head_own(eagle3_head *h, size_t bytes) {
+void *head_own(eagle3_head *h, size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     if (!p) return NULL;
     void **n = realloc(h->owned, sizeof(void *) * (size_t)(h->n_owned + 1));
@@ -435,7 +435,10 @@ void eagle3_head_destroy(eagle3_head *h) {
 const eagle3_config *eagle3_head_config(const eagle3_head *h) { return &h->cfg; }
 const eagle3_vocab_info *eagle3_head_vocab(const eagle3_head *h) { return &h->vocab; }
 const int64_t *eagle3_head_used(const eagle3_head *h) { return h->used; }
-int32_t eagle3_head_n_scored(const eagle3_head *h) { return (int32_t)h->lm_head.rows; }
+int32_t eagle3_head_n_scored(const eagle3_head *h) {
+    /* a vocabulary-split head holds 1/N of the rows; the gathered logits have them all */
+    return (int32_t)h->lm_head.rows * (eagle3_tp_vocab_split(h) ? eagle3_tp_size(h) : 1);
+}
 int32_t eagle3_head_n_aux(const eagle3_head *h) { return h->n_aux; }
 int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
     memcpy(out, h->aux_layers, sizeof(int32_t) * (size_t)h->n_aux);
@@ -445,7 +448,9 @@ int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
 /* ------------------------------------------------------------ KV pool */
 
 bk_kv_layer eagle3_head_kv(eagle3_head *h) {
-    bk_kv_layer kv = {h->kv_k, h->kv_v, h->block_size, h->cfg.n_kv_heads, h->cfg.head_dim, h->n_blocks, NULL, NULL};
+    /* at TP > 1 the pool was sized for all KV heads; a rank uses its nkv_l of them per slot */
+    bk_kv_layer kv = {h->kv_k, h->kv_v, h->block_size, h->tp ? h->nkv_l : h->cfg.n_kv_heads, h->cfg.head_dim,
+                      h->n_blocks, NULL, NULL};
     return kv;
 }
 

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "draft/eagle3.h"
+#include "draft/eagle3_head.h"
+#include "draft/eagle3_tp.h"
 #include "engine/util/log.h"
 #ifdef SPECD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -106,6 +108,20 @@ static int tp_gather_memory(comm *c, const model *m, int64_t *out, specd_err *er
                                  r, (long long)out[TP_MEM_WORDS * r + 2], (long long)out[TP_MEM_WORDS * r + 3],
                                  (long long)out[2], (long long)out[3]);
     return 0;
+}
+
+/* The draft's options from the serve flags (rank 0 and the workers alike). */
+static int draft_opts(const specd_config *cfg, eagle3_opts *eo, specd_err *err) {
+    if (cfg->draft_aux_convention && eagle3_aux_convention_parse(cfg->draft_aux_convention, &eo->aux_ids_convention, err))
+        return specd_err_wrap(err, "--draft-aux-convention");
+    eo->q8_0 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
+    eo->hot_vocab = cfg->speculative_token_map;
+    return 0;
+}
+
+/* A worker's draft calls (draft/eagle3_tp.h). */
+static int worker_draft(void *ctx, const int32_t *msg, size_t n, specd_err *err) {
+    return eagle3_tp_serve((eagle3_head *)ctx, msg, n, err);
 }
 
 int specd_tp_threads(const specd_config *cfg) {
@@ -205,18 +221,19 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     }
     if (b->spec.enabled) {
         eagle3_opts eo = {0};
-        if (cfg->draft_aux_convention &&
-            eagle3_aux_convention_parse(cfg->draft_aux_convention, &eo.aux_ids_convention, err) != 0) {
-            specd_err_wrap(err, "--draft-aux-convention");
-            goto fail;
-        }
-        eo.q8_0 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
-        eo.hot_vocab = cfg->speculative_token_map;
+        if (draft_opts(cfg, &eo, err) < 0) goto fail;
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
         }
         LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
+        if (b->rk) { /* split like the target, or whole on rank 0 when its shapes do not divide */
+            char why[160] = "";
+            const int split = eagle3_head_tp_shard(eagle3_proposer_head(b->proposer), ranks_comm(b->rk), &b->tp_comm,
+                                                   why, sizeof why, err);
+            if (split < 0) goto fail;
+            if (!split) LOG_INFO("draft head whole on rank 0 (%s)", why);
+        }
     } else {
         if (cfg->draft_aux_convention && strcmp(cfg->draft_aux_convention, "auto"))
             LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
@@ -392,6 +409,7 @@ int specd_tp_worker_main(int argc, char **argv) {
     comm *c = NULL;
     backend *be = NULL;
     model *m = NULL;
+    eagle3_head *head = NULL;
     int rc = 1;
     if (!args || argc < 2 || strcmp(argv[1], "serve") || cfg_defaults(&t, 1, &err) ||
         cfg_apply_env(&t, 1, NULL, &err) || cfg_parse_args(&t, 1, n, args, pos, 2, &n_pos, &help, &err) ||
@@ -425,9 +443,31 @@ int specd_tp_worker_main(int argc, char **argv) {
         goto out;
     }
     LOG_INFO("tensor parallel rank %d/%d (pid %d): serving", w.rank, w.world, (int)getpid());
-    if (tp_worker_run(c, m, &err) == 0) rc = 0;
+    /* the draft head's shard: loaded and split exactly as rank 0 does (eagle3_tp.h), or none */
+    specd_spec spec;
+    memset(&spec, 0, sizeof spec);
+    if (specd_config_resolve(&cfg, &spec, &err) < 0) goto fail_worker;
+    if (spec.enabled) {
+        eagle3_opts eo = {0};
+        char why[160] = "";
+        if (draft_opts(&cfg, &eo, &err) < 0 || eagle3_head_load_for(spec.model, m, &eo, &head, &err) < 0) goto fail_worker;
+        const int split = eagle3_head_tp_shard(head, c, &mc, why, sizeof why, &err);
+        if (split < 0) goto fail_worker;
+        if (!split) { /* whole on rank 0: this rank has no part in it */
+            eagle3_head_destroy(head);
+            head = NULL;
+        }
+    }
+    specd_spec_free(&spec);
+    if (tp_worker_run_ex(c, m, head ? worker_draft : NULL, head, &err) == 0) rc = 0;
     else LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+    goto out;
+fail_worker:
+    specd_spec_free(&spec);
+    LOG_ERROR("specd worker rank %d: draft head: %s", w.rank, err.msg);
+    comm_abort(c, err.msg);
 out:
+    eagle3_head_destroy(head);
     model_destroy(m);
     if (be) bk_cpu_destroy(be);
     comm_destroy(c);

@@ -132,7 +132,9 @@ static int step_parse(const int32_t *msg, size_t n, int32_t n_blocks, int32_t bs
     return fl;
 }
 
-int tp_worker_run(comm *c, model *m, specd_err *err) {
+int tp_worker_run(comm *c, model *m, specd_err *err) { return tp_worker_run_ex(c, m, NULL, NULL, err); }
+
+int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *octx, specd_err *err) {
     const size_t cap = comm_step_max_bytes(c);
     int32_t *msg = malloc(cap);
     const int32_t **tables = NULL;
@@ -146,6 +148,16 @@ int tp_worker_run(comm *c, model *m, specd_err *err) {
         comm_step_kind kind;
         if (comm_step_recv(c, msg, cap, &n, &kind, 0, err) < 0) goto done;
         if (kind == COMM_STEP_SHUTDOWN) { rc = 0; goto done; }
+        if (n >= 4 && msg[0] < 0) { /* not a target step: a draft head's call */
+            if (!on_other) specd_err_set(err, "tensor parallel: message kind %d but no handler on this rank", msg[0]);
+            if (!on_other || on_other(octx, msg, n, err) < 0) {
+                char why[COMM_REASON_MAX];
+                snprintf(why, sizeof why, "worker draft call failed: %.200s", err->msg);
+                comm_abort(c, why);
+                goto done;
+            }
+            continue;
+        }
         model_batch b;
         const int fl = step_parse(msg, n, model_kv_n_blocks(m), model_kv_block_size(m), &b, &tables, err);
         if (fl < 0) { comm_abort(c, err->msg); goto done; }

@@ -44,6 +44,11 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err);
  * 0 posts shutdown (returns 0) or the group fails (returns -1; err says why,
  * e.g. rank 0 exited). A forward that fails here aborts the group. */
 int tp_worker_run(comm *c, model *m, specd_err *err);
+/* The same, handing every message whose first int32 word is negative (a
+ * draft head's call, draft/eagle3_tp.h) to on_other; its failure aborts the
+ * group. on_other NULL: such a message is an error. */
+typedef int (*tp_other_fn)(void *ctx, const int32_t *msg, size_t n, specd_err *err);
+int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *ctx, specd_err *err);
 
 /* Rank 0: model_forward preceded by tp_step_post: the engine runner of a
  * tensor-parallel model. ctx: tp_runner. A failure aborts the group. */
