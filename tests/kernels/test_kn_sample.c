@@ -1,0 +1,497 @@
+/*
+ * test_kn_sample.c: kernels/kn_philox.h, kn_sample and kn_spec_verify
+ * (kernels/kn_sample.h) against the CPU sampler (engine/runtime/sampler.c).
+ *
+ * Without a GPU (run before the probe):
+ *  - Philox4x32-10 known answers (Random123 kat_vectors);
+ *  - ref_accept (this file's host verifier, taking its uniforms as inputs)
+ *    == sampler_accept fed the same uniforms (drawn from a copy of its RNG),
+ *    on random rows: so the host reference below IS the CPU's rule;
+ *  - launcher refusals.
+ * On the GPU:
+ *  1. device Philox == host Philox, bitwise (kn_philox_uniforms);
+ *  2. kn_sample vs sampler_probs + sampler_draw(p, kn_philox_uniform(seed,
+ *     pos, 0)) (greedy: sampler_sample), 9 parameter sets x 8 rows x vocab
+ *     {1000, 49152}: the same token on every row; the processed distribution
+ *     has the same support and max |p_gpu - p_cpu| <= 1e-6 (f32 expf and a
+ *     different double-sum order: a few ulps); each row alone (n_rows = 1)
+ *     gives the same bits as inside the batch. The logits sit on a 1/16 grid
+ *     with a low tail, temperatures / penalties keep them on a 1/64 grid and
+ *     min_p = exp(-3 - 1/128), so no top-k / min-p / top-p decision is within
+ *     rounding of its threshold; a draw can still differ where u falls within
+ *     ~4e-7 of a cumulative boundary: false-failure probability < 1e-4.
+ *  3. kn_spec_verify vs ref_verify (the CPU's spec_verify_seq rule with
+ *     Philox uniforms) on 96 sequences (greedy, sampled with q, one-hot
+ *     drafts; 0..4 drafts): accepted counts and tokens identical.
+ *  4. distribution: 200,000 sequences, V = 8, 3 drafts drawn from q: the
+ *     first emitted token ~ p (Leviathan et al. 2023, Theorem 1); chi-square,
+ *     6 degrees of freedom (one id has p = 0 and must never appear), fails
+ *     below p-value 1e-6 (that is the false-failure rate); again with one-hot
+ *     (argmax) drafts.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "engine/runtime/sampler.h"
+#include "kernels/kn_philox.h"
+#include "kernels/kn_sample.h"
+#include "tests/kernels/kn_harness.h"
+#include "tests/stats_chi2.h"
+
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        int rc_ = (int)(call);                                                                        \
+        if (rc_ != 0) {                                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(rc_));          \
+            exit(1);                                                                                  \
+        }                                                                                             \
+    } while (0)
+
+static int g_fail = 0;
+#define EXPECT(cond, ...)                               \
+    do {                                                \
+        if (!(cond)) {                                  \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                        \
+            printf("\n");                               \
+            g_fail++;                                   \
+        }                                               \
+    } while (0)
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint64_t g_rng = 12345;
+static uint64_t rnd(void) { return g_rng = mix64(g_rng); }
+static double rnd_u(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+static int32_t rnd_int(int32_t n) { return (int32_t)(rnd() % (uint64_t)n); }
+
+static void *dmalloc_copy(const void *h, size_t bytes) {
+    void *d = NULL;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (h && bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* ------------------------------------------------------------ host references */
+
+/* sampler_accept's rule with its two uniforms given (u: the test, u2: the
+ * residual draw). */
+static int ref_accept(const float *p, const float *q, int32_t V, int32_t x, double u, double u2, float *tmp,
+                      int32_t *out) {
+    double px = (x >= 0 && x < V) ? p[x] : 0.0;
+    double qx = (x >= 0 && x < V) ? (q ? q[x] : 1.0) : 1.0;
+    if (px > 0.0 && (qx <= 0.0 || u * qx < px)) {
+        *out = x;
+        return 1;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < V; i++) {
+        float qi = q ? q[i] : (i == x ? 1.0f : 0.0f);
+        float d = p[i] - qi;
+        tmp[i] = d > 0.0f ? d : 0.0f;
+        total += tmp[i];
+    }
+    *out = total > 0.0 ? sampler_draw(tmp, V, u2) : sampler_draw(p, V, u2);
+    return 0;
+}
+
+/* spec_verify_seq's chain rule with Philox uniforms: p [k+1, V], q [k, V] or
+ * NULL, tt [k+1] argmax rows. Returns the accepted count; out[0..a]. */
+static int32_t ref_verify(const float *p, const float *q, const int32_t *tt, const int32_t *d, int32_t nd,
+                          int greedy, uint64_t seed, int32_t pos0, int32_t V, float *tmp, int32_t *out) {
+    if (greedy) {
+        int32_t a = 0;
+        while (a < nd && d[a] == tt[a]) out[a] = d[a], a++;
+        out[a] = tt[a];
+        return a;
+    }
+    for (int32_t j = 0; j < nd; j++) {
+        const double u = kn_philox_uniform(seed, pos0 + j, 0), u2 = kn_philox_uniform(seed, pos0 + j, 1);
+        if (!ref_accept(p + (size_t)j * V, q ? q + (size_t)j * V : NULL, V, d[j], u, u2, tmp, &out[j])) return j;
+    }
+    out[nd] = sampler_draw(p + (size_t)nd * V, V, kn_philox_uniform(seed, pos0 + nd, 0));
+    return nd;
+}
+
+/* ------------------------------------------------------------ host-only tests */
+
+static void test_philox_kat(void) {
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6,
+         0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420,
+         0x24126ea1},
+    };
+    for (int i = 0; i < 3; i++) {
+        uint32_t out[4];
+        kn_philox4x32_10(kat[i], kat[i] + 4, out);
+        EXPECT(memcmp(out, kat[i] + 6, sizeof out) == 0, "philox KAT %d: %08x %08x %08x %08x", i, out[0], out[1],
+               out[2], out[3]);
+    }
+    double lo = 1, hi = 0, mean = 0;
+    for (int i = 0; i < 100000; i++) {
+        double u = kn_philox_uniform(7, i, (uint32_t)(i & 1));
+        lo = u < lo ? u : lo, hi = u > hi ? u : hi, mean += u;
+    }
+    mean /= 100000;
+    EXPECT(lo >= 0 && hi < 1 && fabs(mean - 0.5) < 0.005, "philox uniforms: min %g max %g mean %g", lo, hi, mean);
+}
+
+/* ref_accept == sampler_accept given the same two uniforms. */
+static void test_ref_accept_is_cpu(void) {
+    enum { V = 64 };
+    float p[V], q[V], tmp[V];
+    sampler_work *w = sampler_work_create(V);
+    int agree = 0, n = 100000;
+    for (int it = 0; it < n; it++) {
+        double sp = 0, sq = 0;
+        for (int i = 0; i < V; i++) {
+            p[i] = rnd_int(4) == 0 ? 0.0f : (float)rnd_u();
+            q[i] = rnd_int(4) == 0 ? 0.0f : (float)rnd_u();
+            sp += p[i], sq += q[i];
+        }
+        for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sp), q[i] = (float)(q[i] / sq);
+        int32_t x = rnd_int(V);
+        int one_hot = it % 3 == 0;
+        sampler_rng r1, r2;
+        sampler_rng_seed(&r1, (uint64_t)it);
+        r2 = r1;
+        int32_t o1, o2;
+        int a1 = sampler_accept(p, one_hot ? NULL : q, V, x, &r1, w, &o1);
+        double u = sampler_rng_uniform(&r2), u2 = sampler_rng_uniform(&r2);
+        int a2 = ref_accept(p, one_hot ? NULL : q, V, x, u, u2, tmp, &o2);
+        agree += a1 == a2 && o1 == o2;
+    }
+    EXPECT(agree == n, "ref_accept differs from sampler_accept on %d of %d rows", n - agree, n);
+    sampler_work_destroy(w);
+}
+
+static void test_refusals(void) {
+    void *f = (void *)(uintptr_t)0x1000;
+    const int inval = (int)cudaErrorInvalidValue;
+    size_t need = kn_sample_scratch_bytes(3, 1000);
+    EXPECT(need == 3 * (((size_t)3 * 1000 * 4 + 255) / 256 * 256), "scratch bytes %zu", need);
+    EXPECT(kn_sample(f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
+    EXPECT(kn_sample(f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
+    EXPECT(kn_sample(f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
+    EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, 2, 3, 100, f, f, NULL) == inval, "no p and no argmax rows");
+    EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, 2, 3, 100, f, f, NULL) == inval, "no drafts with k_max 3");
+    EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
+}
+
+/* ------------------------------------------------------------ GPU tests */
+
+static void test_philox_device(void) {
+    enum { N = 4096 };
+    uint64_t seed[N];
+    int32_t pos[N];
+    uint32_t draw[N];
+    double host[N], dev[N];
+    for (int i = 0; i < N; i++) {
+        seed[i] = i < 8 ? (uint64_t)i : rnd();
+        pos[i] = i % 5 == 0 ? (int32_t)rnd() : rnd_int(100000);
+        draw[i] = (uint32_t)(i & 1);
+        host[i] = kn_philox_uniform(seed[i], pos[i], draw[i]);
+    }
+    uint64_t *ds = dmalloc_copy(seed, sizeof seed);
+    int32_t *dp = dmalloc_copy(pos, sizeof pos);
+    uint32_t *dd = dmalloc_copy(draw, sizeof draw);
+    double *dout = dmalloc_copy(NULL, sizeof dev);
+    CK(kn_philox_uniforms(ds, dp, dd, N, dout, NULL));
+    CK(cudaMemcpy(dev, dout, sizeof dev, cudaMemcpyDeviceToHost));
+    EXPECT(memcmp(host, dev, sizeof dev) == 0, "device Philox differs from the host's");
+    printf("philox: %d device uniforms == host, bitwise\n", N);
+    cudaFree(ds), cudaFree(dp), cudaFree(dd), cudaFree(dout);
+}
+
+typedef struct variant {
+    const char *name;
+    float temperature, top_p, min_p, rep, freq, pres;
+    int32_t top_k;
+    int suppress;
+} variant;
+
+#define MIN_P 0.049399622f /* exp(-3 - 1/128): midway between multiples of 1/64 in log space */
+
+static void test_sampler(int32_t V) {
+    static const variant vars[] = {
+        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
+        {"greedy+penalties+suppress", 0.0f, 1.0f, 0.0f, 2.0f, 0.5f, 0.25f, -1, 1},
+        {"temp 0.7", 0.7f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
+        {"top_k 20 (ties)", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 20, 0},
+        {"top_p 0.9", 1.0f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
+        {"top_p 0.5 temp 0.5", 0.5f, 0.5f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
+        {"min_p", 1.0f, 1.0f, MIN_P, 1.0f, 0.0f, 0.0f, -1, 0},
+        {"all", 0.5f, 0.95f, MIN_P, 2.0f, 0.5f, 0.25f, 25, 1},
+        {"top_k 1", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1, 0},
+    };
+    enum { ROWS_PER = 8, NP = 40, NO = 12, NS = 3 };
+    const int n_var = (int)(sizeof vars / sizeof vars[0]);
+    const int32_t R = n_var * ROWS_PER;
+    float *logits = malloc((size_t)R * V * sizeof(float));
+    float *p_cpu = malloc((size_t)V * sizeof(float));
+    float *p_gpu = malloc((size_t)R * V * sizeof(float));
+    float *p_one = malloc((size_t)V * sizeof(float));
+    int32_t *hist = malloc((size_t)R * (NP + NO) * sizeof(int32_t));
+    int32_t *supp = malloc((size_t)R * NS * sizeof(int32_t));
+    kn_sample_params *prm = calloc((size_t)R, sizeof *prm);
+    int32_t *tok_ref = malloc((size_t)R * sizeof(int32_t)), *tok_gpu = malloc((size_t)R * sizeof(int32_t));
+    for (int32_t r = 0; r < R; r++) {
+        const variant *vr = &vars[r / ROWS_PER];
+        float *l = logits + (size_t)r * V;
+        for (int32_t i = 0; i < V; i++) l[i] = (float)(-320 + rnd_int(128)) / 16.0f; /* tail: [-20, -12) */
+        int32_t head[30];
+        for (int b = 0; b < 30; b++) head[b] = rnd_int(V), l[head[b]] = (float)rnd_int(97) / 16.0f; /* [0, 6], ties */
+        int32_t *h = hist + (size_t)r * (NP + NO);
+        for (int i = 0; i < NP + NO; i++) h[i] = rnd_int(4) == 0 ? rnd_int(V) : rnd_int(64); /* repeats */
+        h[0] = head[4], h[1] = head[5];                                               /* prompt */
+        h[NP + 2] = h[NP + 3] = head[0], h[NP + 4] = head[1], h[NP + 5] = head[2];    /* output, head[0] twice */
+        h[NP + 1] = V + 5;                                                            /* out of vocabulary: ignored */
+        int32_t *sp = supp + (size_t)r * NS;
+        sp[0] = sampler_argmax(l, V), sp[1] = rnd_int(V), sp[2] = -3;
+        kn_sample_params *P = &prm[r];
+        P->temperature = vr->temperature, P->top_p = vr->top_p, P->top_k = vr->top_k, P->min_p = vr->min_p;
+        P->repetition_penalty = vr->rep, P->frequency_penalty = vr->freq, P->presence_penalty = vr->pres;
+        P->seed = rnd(), P->pos = rnd_int(1 << 20);
+        P->hist_off = r * (NP + NO), P->n_prompt = NP, P->n_output = NO;
+        P->supp_off = r * NS, P->n_suppress = vr->suppress ? NS : 0;
+    }
+    /* GPU, all rows in one batch */
+    float *d_logits = dmalloc_copy(logits, (size_t)R * V * sizeof(float));
+    kn_sample_params *d_prm = dmalloc_copy(prm, (size_t)R * sizeof *prm);
+    int32_t *d_hist = dmalloc_copy(hist, (size_t)R * (NP + NO) * sizeof(int32_t));
+    int32_t *d_supp = dmalloc_copy(supp, (size_t)R * NS * sizeof(int32_t));
+    int32_t *d_tok = dmalloc_copy(NULL, (size_t)R * sizeof(int32_t));
+    float *d_p = dmalloc_copy(NULL, (size_t)R * V * sizeof(float));
+    size_t sb = kn_sample_scratch_bytes(R, V);
+    void *d_scr = dmalloc_copy(NULL, sb);
+    CK(kn_sample(d_logits, d_prm, d_hist, d_supp, R, V, d_tok, d_p, d_scr, sb, NULL));
+    CK(cudaMemcpy(tok_gpu, d_tok, (size_t)R * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(p_gpu, d_p, (size_t)R * V * sizeof(float), cudaMemcpyDeviceToHost));
+
+    sampler_work *w = sampler_work_create(V);
+    int tok_bad = 0, supp_bad = 0, inv_bad = 0;
+    double worst = 0;
+    for (int32_t r = 0; r < R; r++) {
+        const variant *vr = &vars[r / ROWS_PER];
+        sampling_params sp;
+        sampling_params_init(&sp);
+        sp.temperature = vr->temperature, sp.top_p = vr->top_p, sp.top_k = vr->top_k, sp.min_p = vr->min_p;
+        sp.repetition_penalty = vr->rep, sp.frequency_penalty = vr->freq, sp.presence_penalty = vr->pres;
+        const int32_t *h = hist + (size_t)r * (NP + NO);
+        sampler_hist hh = {h, NP, h + NP, NO, supp + (size_t)r * NS, vr->suppress ? NS : 0};
+        const float *l = logits + (size_t)r * V;
+        sampler_probs(w, &sp, &hh, l, p_cpu);
+        tok_ref[r] = sampler_is_greedy(&sp) ? sampler_sample(w, &sp, &hh, NULL, l)
+                                            : sampler_draw(p_cpu, V, kn_philox_uniform(prm[r].seed, prm[r].pos, 0));
+        if (tok_ref[r] != tok_gpu[r]) {
+            tok_bad++;
+            printf("FAIL V=%d %s row %d: GPU token %d, CPU %d\n", V, vr->name, r, tok_gpu[r], tok_ref[r]);
+        }
+        const float *pg = p_gpu + (size_t)r * V;
+        for (int32_t i = 0; i < V; i++) {
+            if ((pg[i] > 0.0f) != (p_cpu[i] > 0.0f)) supp_bad++;
+            double d = fabs((double)pg[i] - p_cpu[i]);
+            if (d > worst) worst = d;
+        }
+        /* the row alone */
+        CK(kn_sample(d_logits + (size_t)r * V, d_prm + r, d_hist, d_supp, 1, V, d_tok, d_p, d_scr, sb, NULL));
+        int32_t t1;
+        CK(cudaMemcpy(&t1, d_tok, sizeof t1, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(p_one, d_p, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
+        if (t1 != tok_gpu[r] || memcmp(p_one, pg, (size_t)V * sizeof(float)) != 0) inv_bad++;
+    }
+    EXPECT(tok_bad == 0, "V=%d: %d of %d rows drew another token than the CPU sampler", V, tok_bad, R);
+    EXPECT(supp_bad == 0, "V=%d: %d ids kept / filtered differently from sampler_probs", V, supp_bad);
+    EXPECT(worst <= 1e-6, "V=%d: max |p_gpu - p_cpu| = %.3g > 1e-6", V, worst);
+    EXPECT(inv_bad == 0, "V=%d: %d rows differ alone vs in the batch", V, inv_bad);
+    printf("sampler V=%d: %d rows (%d parameter sets): tokens == CPU, support identical, max |dp| %.3g, rows alone "
+           "bitwise == batch\n",
+           V, R, n_var, worst);
+    sampler_work_destroy(w);
+    cudaFree(d_logits), cudaFree(d_prm), cudaFree(d_hist), cudaFree(d_supp), cudaFree(d_tok), cudaFree(d_p);
+    cudaFree(d_scr);
+    free(logits), free(p_cpu), free(p_gpu), free(p_one), free(hist), free(supp), free(prm), free(tok_ref);
+    free(tok_gpu);
+}
+
+/* Random distribution over V with some zeros (f32, sums to ~1). */
+static void rand_dist(float *p, int32_t V, int zeros) {
+    double s = 0;
+    for (int32_t i = 0; i < V; i++) {
+        p[i] = zeros && rnd_int(5) == 0 ? 0.0f : (float)(rnd_u() * rnd_u());
+        s += p[i];
+    }
+    if (s == 0) p[0] = 1.0f, s = 1;
+    for (int32_t i = 0; i < V; i++) p[i] = (float)(p[i] / s);
+}
+static int32_t draw_host(const float *p, int32_t V) { return sampler_draw(p, V, rnd_u()); }
+
+typedef struct verify_case {
+    int32_t n, K, V;
+    float *p, *q;
+    int32_t *tt, *draft, *nd, *pos0;
+    uint8_t *greedy;
+    uint64_t *seed;
+    int32_t *acc, *out; /* GPU results */
+} verify_case;
+
+static void verify_case_run(verify_case *c, int with_q) {
+    const int32_t n = c->n, K = c->K, V = c->V;
+    float *dp = dmalloc_copy(c->p, (size_t)n * (K + 1) * V * sizeof(float));
+    float *dq = with_q ? dmalloc_copy(c->q, (size_t)n * K * V * sizeof(float)) : NULL;
+    int32_t *dtt = dmalloc_copy(c->tt, (size_t)n * (K + 1) * sizeof(int32_t));
+    int32_t *dd = dmalloc_copy(c->draft, (size_t)n * K * sizeof(int32_t));
+    int32_t *dnd = dmalloc_copy(c->nd, (size_t)n * sizeof(int32_t));
+    uint8_t *dg = dmalloc_copy(c->greedy, (size_t)n);
+    uint64_t *ds = dmalloc_copy(c->seed, (size_t)n * sizeof(uint64_t));
+    int32_t *dpos = dmalloc_copy(c->pos0, (size_t)n * sizeof(int32_t));
+    int32_t *dacc = dmalloc_copy(NULL, (size_t)n * sizeof(int32_t));
+    int32_t *dout = dmalloc_copy(NULL, (size_t)n * (K + 1) * sizeof(int32_t));
+    CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, n, K, V, dacc, dout, NULL));
+    CK(cudaMemcpy(c->acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(c->out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    cudaFree(dp), cudaFree(dq), cudaFree(dtt), cudaFree(dd), cudaFree(dnd), cudaFree(dg), cudaFree(ds);
+    cudaFree(dpos), cudaFree(dacc), cudaFree(dout);
+}
+
+static void verify_case_alloc(verify_case *c, int32_t n, int32_t K, int32_t V) {
+    c->n = n, c->K = K, c->V = V;
+    c->p = malloc((size_t)n * (K + 1) * V * sizeof(float));
+    c->q = malloc((size_t)n * K * V * sizeof(float));
+    c->tt = malloc((size_t)n * (K + 1) * sizeof(int32_t));
+    c->draft = malloc((size_t)n * K * sizeof(int32_t));
+    c->nd = malloc((size_t)n * sizeof(int32_t));
+    c->pos0 = malloc((size_t)n * sizeof(int32_t));
+    c->greedy = malloc((size_t)n);
+    c->seed = malloc((size_t)n * sizeof(uint64_t));
+    c->acc = malloc((size_t)n * sizeof(int32_t));
+    c->out = malloc((size_t)n * (K + 1) * sizeof(int32_t));
+}
+static void verify_case_free(verify_case *c) {
+    free(c->p), free(c->q), free(c->tt), free(c->draft), free(c->nd), free(c->pos0), free(c->greedy);
+    free(c->seed), free(c->acc), free(c->out);
+}
+
+/* 3. exact agreement with ref_verify. */
+static void test_verify_exact(int with_q) {
+    verify_case c;
+    verify_case_alloc(&c, 96, 4, 300);
+    const int32_t K = c.K, V = c.V;
+    for (int32_t s = 0; s < c.n; s++) {
+        c.greedy[s] = s % 4 == 0;
+        c.nd[s] = s % 5; /* 0..4 drafts */
+        c.seed[s] = rnd();
+        c.pos0[s] = rnd_int(4096);
+        for (int32_t j = 0; j <= K; j++) {
+            float *pj = c.p + ((size_t)s * (K + 1) + j) * V;
+            if (c.greedy[s]) { /* one-hot, as kn_sample writes for greedy rows */
+                memset(pj, 0, (size_t)V * sizeof(float));
+                pj[rnd_int(V)] = 1.0f;
+            } else {
+                rand_dist(pj, V, 1);
+            }
+            c.tt[s * (K + 1) + j] = sampler_argmax(pj, V);
+        }
+        for (int32_t j = 0; j < K; j++) {
+            float *qj = c.q + ((size_t)s * K + j) * V;
+            rand_dist(qj, V, 1);
+            int32_t *d = &c.draft[s * K + j];
+            /* drafts: from q (sampled), the target argmax (greedy, to accept some), or random */
+            *d = c.greedy[s] ? (rnd_int(3) ? c.tt[s * (K + 1) + j] : rnd_int(V)) : (with_q ? draw_host(qj, V) : rnd_int(V));
+        }
+    }
+    verify_case_run(&c, with_q);
+    float *tmp = malloc((size_t)V * sizeof(float));
+    int32_t ref[5];
+    int bad = 0, n_acc = 0, n_rej = 0;
+    for (int32_t s = 0; s < c.n; s++) {
+        const float *ps = c.p + (size_t)s * (K + 1) * V;
+        const float *qs = with_q ? c.q + (size_t)s * K * V : NULL;
+        int32_t a = ref_verify(ps, qs, c.tt + s * (K + 1), c.draft + s * K, c.nd[s], c.greedy[s], c.seed[s],
+                               c.pos0[s], V, tmp, ref);
+        n_acc += a, n_rej += a < c.nd[s];
+        int same = c.acc[s] == a && memcmp(c.out + s * (K + 1), ref, (size_t)(a + 1) * sizeof(int32_t)) == 0;
+        if (!same && bad++ < 5) printf("FAIL verify seq %d: GPU accepted %d, reference %d\n", s, c.acc[s], a);
+    }
+    EXPECT(bad == 0, "kn_spec_verify (%s drafts): %d of %d sequences differ from the reference", with_q ? "q" : "one-hot",
+           bad, c.n);
+    EXPECT(n_acc > 0 && n_rej > 0, "verify case exercises nothing: %d accepted, %d rejections", n_acc, n_rej);
+    printf("spec verify (%s drafts): %d sequences == reference (%d drafts accepted, %d rejections)\n",
+           with_q ? "sampled, q" : "one-hot", c.n, n_acc, n_rej);
+    free(tmp);
+    verify_case_free(&c);
+}
+
+/* 4. the first emitted token is distributed as p. */
+static void test_verify_distribution(int with_q) {
+    enum { V = 8, K = 3 };
+    const int32_t n = 200000;
+    verify_case c;
+    verify_case_alloc(&c, n, K, V);
+    float p[K + 1][V], q[K][V];
+    for (int j = 0; j <= K; j++) rand_dist(p[j], V, 0);
+    for (int j = 0; j < K; j++) rand_dist(q[j], V, 0);
+    p[0][5] = 0.0f; /* an id the target never emits (the draft may propose it) */
+    double s0 = 0;
+    for (int i = 0; i < V; i++) s0 += p[0][i];
+    for (int i = 0; i < V; i++) p[0][i] = (float)(p[0][i] / s0);
+    for (int32_t s = 0; s < n; s++) {
+        memcpy(c.p + (size_t)s * (K + 1) * V, p, sizeof p);
+        memcpy(c.q + (size_t)s * K * V, q, sizeof q);
+        c.greedy[s] = 0, c.nd[s] = K, c.seed[s] = (uint64_t)s * 0x9E3779B97F4A7C15ull + 1, c.pos0[s] = 77;
+        for (int j = 0; j < K; j++) c.draft[s * K + j] = with_q ? draw_host(q[j], V) : sampler_argmax(q[j], V);
+        for (int j = 0; j <= K; j++) c.tt[s * (K + 1) + j] = sampler_argmax(p[j], V);
+    }
+    verify_case_run(&c, with_q);
+    double count[V] = {0};
+    int bad = 0;
+    for (int32_t s = 0; s < n; s++) {
+        int32_t t = c.out[s * (K + 1)];
+        if (t < 0 || t >= V) bad++;
+        else count[t]++;
+    }
+    double chi2 = 0;
+    int df = -1;
+    for (int i = 0; i < V; i++) {
+        double e = n * (double)p[0][i];
+        if (e == 0) {
+            if (count[i] > 0) bad++;
+            continue;
+        }
+        chi2 += (count[i] - e) * (count[i] - e) / e;
+        df++;
+    }
+    double pv = chi2_sf(chi2, df);
+    EXPECT(bad == 0, "first emitted token: %d outside the support of p", bad);
+    EXPECT(pv > 1e-6, "first emitted token ~ p (%s drafts): chi2 %.2f, df %d, p-value %.3g < 1e-6",
+           with_q ? "sampled" : "one-hot", chi2, df, pv);
+    printf("spec verify distribution (%s drafts, %d sequences): chi2 %.2f df %d p-value %.3g\n",
+           with_q ? "sampled" : "one-hot", n, chi2, df, pv);
+    verify_case_free(&c);
+}
+
+int main(void) {
+    test_philox_kat();
+    test_ref_accept_is_cpu();
+    test_refusals();
+    if (g_fail) {
+        printf("FAILED (host checks)\n");
+        return 1;
+    }
+    kn_harness_require_gpu();
+    test_philox_device();
+    test_sampler(1000);
+    test_sampler(49152);
+    test_verify_exact(1);
+    test_verify_exact(0);
+    test_verify_distribution(1);
+    test_verify_distribution(0);
+    printf("%s\n", g_fail ? "FAILED" : "OK");
+    return g_fail ? 1 : 0;
+}

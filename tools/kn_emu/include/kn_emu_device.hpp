@@ -1,0 +1,66 @@
+/*
+ * kn_emu_device.hpp: the CUDA device model of kn_emu for C++ translation
+ * units made from the kernels (.cu) by kn_emu.py. Every CUDA thread of a block is
+ * a fiber on ONE OS thread; blocks run one after another. __syncthreads waits
+ * for every live thread of the block, __shfl_xor_sync for every live lane of
+ * the warp (a thread at the other kind of barrier is reported as divergence
+ * and aborts). __shared__ variables are function statics (one block at a
+ * time). Atomics are plain read-modify-writes (nothing preempts a fiber).
+ */
+#ifndef KN_EMU_DEVICE_HPP
+#define KN_EMU_DEVICE_HPP
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+using std::isnan;
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+void kn_emu_syncthreads();
+void kn_emu_syncwarp();
+void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
+extern float kn_emu_shfl_f[1024];
+
+inline void __syncthreads() { kn_emu_syncthreads(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+    const unsigned t = threadIdx.x;
+    kn_emu_shfl_f[t] = v;
+    kn_emu_syncwarp();
+    const float r = kn_emu_shfl_f[t ^ (unsigned)lane_mask];
+    kn_emu_syncwarp();
+    return r;
+}
+inline int atomicAdd(int *a, int v) { int o = *a; *a = o + v; return o; }
+inline unsigned atomicAdd(unsigned *a, unsigned v) { unsigned o = *a; *a = o + v; return o; }
+inline unsigned atomicOr(unsigned *a, unsigned v) { unsigned o = *a; *a = o | v; return o; }
+inline int atomicMin(int *a, int v) { int o = *a; if (v < o) *a = v; return o; }
+inline unsigned atomicMin(unsigned *a, unsigned v) { unsigned o = *a; if (v < o) *a = v; return o; }
+inline int atomicMax(int *a, int v) { int o = *a; if (v > o) *a = v; return o; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+
+template <typename K, typename... A>
+void kn_emu_launch(K kernel, dim3 grid, dim3 block, A... args) {
+    kn_emu_run(grid, block, [=]() { kernel(args...); });
+}
+
+#endif
