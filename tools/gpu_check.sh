@@ -98,6 +98,11 @@ if grep -q -P '^(configure|build)\t[1-9]' "$STEPS"; then
 else
     # --- tests: `build` label (no GPU needed), then `gpu`
     run_step ctest_build 60 ctest --test-dir "$BUILD" -L build --output-on-failure --output-junit "$OUT/ctest_build.xml"
+    # the SmolLM2-shaped twin (bf16, ~270 MB) for test_cuda_backend's model part: regenerated here,
+    # since the real GGUF cannot travel to the GPU machine (the test reports it absent otherwise)
+    if nvidia-smi -L >/dev/null 2>&1; then
+        run_step twin 90 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/twin" --smollm2-shape
+    fi
     run_step ctest_gpu 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 280 \
         --output-junit "$OUT/ctest_gpu.xml"
 fi
