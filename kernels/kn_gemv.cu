@@ -10,6 +10,10 @@
  * + s. Consecutive lanes read consecutive bytes, so a warp step reads 512
  * (plain) or 8 blocks (Q) of contiguous weight bytes; KN_MM_UNROLL steps are
  * loaded before any is consumed to keep enough bytes in flight at T = 1.
+ * Plain chunks bypass L1 (ld.global.nc.L1::no_allocate) so that L1 keeps the
+ * activation rows, which every warp of the SM reads. Registers: the T = 1
+ * kernels are held to 64 (8 blocks of 128 threads per SM), the T > 1 ones to
+ * 255 (2 blocks); tests/kernels kn_spill_check fails on any spill.
  *
  * Tokens: the warp handles all T tokens of the step, NT <= 8 at a time in
  * registers (acc[NT]); each unit is dequantized once per tile and multiplied
@@ -38,7 +42,7 @@ namespace {
 
 constexpr int KN_MM_WARPS = 4;  /* output rows per block (one warp each) */
 constexpr int KN_MM_TILE = 8;   /* tokens per register tile */
-constexpr int KN_MM_UNROLL = 4; /* warp steps loaded ahead at T == 1 (2 with tiles of 8 tokens) */
+constexpr int KN_MM_UNROLL = 4; /* warp steps loaded ahead at T == 1 (1 with tiles of 8 tokens) */
 
 /* One lane's raw unit: up to 16 bytes of weights + block scales. */
 struct raw_unit {

@@ -27,6 +27,7 @@
  *  - argmax: equal to sampler_argmax (engine/runtime/sampler.c), with ties,
  *    NaN and -inf planted, then mapped through d2t (int32 and int64).
  *  - cuBLASLt (opt-in, not batch invariant): see test_blaslt.
+ *  - CUDA graphs: a decoder step captured and replayed = direct launches.
  * Exits 77 without a usable GPU (kn_harness_require_gpu).
  */
 #include <cuda_runtime_api.h>
@@ -227,6 +228,10 @@ static void test_matmul(void) {
             test_matmul_case((kn_wtype)t, shapes[s].rows, shapes[s].cols, 0, 0);
         /* padded rows (row_bytes > natural, even) and an odd row count */
         test_matmul_case((kn_wtype)t, 77, 256, t <= KN_W_F16 ? 16 : 6, 0);
+        if (t == KN_W_BF16) { /* Llama-3.1-8B k_proj, and a 14336-long dot (down_proj rows) */
+            test_matmul_case((kn_wtype)t, 1024, 4096, 0, 0);
+            test_matmul_case((kn_wtype)t, 67, 14336, 0, 0);
+        }
         if (t <= KN_W_F16) {
             const size_t es = t == KN_W_F32 ? 4 : 2;
             /* 16-byte path with a 4-column scalar tail (bf16/f16: rows padded to 208 bytes) */
@@ -609,6 +614,100 @@ static void test_argmax(void) {
     printf("argmax: equal to sampler_argmax (ties, NaN, -inf, +inf), d2t int32/int64\n");
 }
 
+/* --------------------------------------------------------- CUDA graph
+ * A miniature decoder step (embed, rmsnorm, q + rope, SwiGLU MLP, fused
+ * residual add + rmsnorm, LM head, argmax) launched on a stream, then captured
+ * into a CUDA graph and replayed twice: the launchers must be capturable (no
+ * allocation, no sync) and the replays bit-identical to the direct launch. */
+typedef struct step_bufs {
+    kn_weight emb, wq, wg, wu, wd;
+    const int32_t *ids, *pos;
+    const float *g, *inv;
+    float *h, *n, *q, *a, *b, *d, *logits;
+    int32_t *out, *flag;
+} step_bufs;
+
+static int step_launch(const step_bufs *s, int32_t T, cudaStream_t st) {
+    const int32_t H = 576, F = 1536, V = 1000;
+    KN_CHECK(kn_embed(&s->emb, s->ids, T, s->h, s->flag, st));
+    KN_CHECK(kn_rmsnorm(s->h, s->g, T, H, 1e-5f, s->n, st));
+    KN_CHECK(kn_matmul(&s->wq, s->n, T, s->q, st));
+    KN_CHECK(kn_rope(s->q, T, 9, 64, 64, s->pos, s->inv, 1.0f, 1, st));
+    KN_CHECK(kn_matmul(&s->wg, s->n, T, s->a, st));
+    KN_CHECK(kn_matmul(&s->wu, s->n, T, s->b, st));
+    KN_CHECK(kn_silu_mul(s->a, s->b, (int64_t)T * F, s->a, st));
+    KN_CHECK(kn_matmul(&s->wd, s->a, T, s->d, st));
+    KN_CHECK(kn_add(s->d, s->q, (int64_t)T * H, st));
+    KN_CHECK(kn_add_rmsnorm(s->h, s->d, s->g, T, H, 1e-5f, s->n, st));
+    KN_CHECK(kn_matmul(&s->emb, s->n, T, s->logits, st)); /* tied LM head */
+    KN_CHECK(kn_argmax(s->logits, T, V, NULL, 0, s->out, st));
+    return 0;
+}
+
+static void test_graph(void) {
+    const int32_t T = 5, H = 576, F = 1536, V = 1000;
+    uint8_t *he = rand_weight(KN_W_Q8_0, V, H, natural_row_bytes(KN_W_Q8_0, H));
+    uint8_t *hq = rand_weight(KN_W_BF16, H, H, natural_row_bytes(KN_W_BF16, H));
+    uint8_t *hg = rand_weight(KN_W_Q4_1, F, H, natural_row_bytes(KN_W_Q4_1, H));
+    uint8_t *hu = rand_weight(KN_W_Q4_0, F, H, natural_row_bytes(KN_W_Q4_0, H));
+    uint8_t *hd = rand_weight(KN_W_F16, H, F, natural_row_bytes(KN_W_F16, F));
+    int32_t ids[5] = {1, 999, 17, 500, 3}, pos[5] = {0, 1, 2, 3, 4};
+    float *g = rand_f32((size_t)H), inv[32];
+    for (int i = 0; i < 32; i++) inv[i] = (float)pow(10000.0, -2.0 * i / 64);
+    step_bufs s = {
+        .emb = {KN_W_Q8_0, V, H, dev_upload(he, (size_t)V * natural_row_bytes(KN_W_Q8_0, H)), natural_row_bytes(KN_W_Q8_0, H)},
+        .wq = {KN_W_BF16, H, H, dev_upload(hq, (size_t)H * natural_row_bytes(KN_W_BF16, H)), natural_row_bytes(KN_W_BF16, H)},
+        .wg = {KN_W_Q4_1, F, H, dev_upload(hg, (size_t)F * natural_row_bytes(KN_W_Q4_1, H)), natural_row_bytes(KN_W_Q4_1, H)},
+        .wu = {KN_W_Q4_0, F, H, dev_upload(hu, (size_t)F * natural_row_bytes(KN_W_Q4_0, H)), natural_row_bytes(KN_W_Q4_0, H)},
+        .wd = {KN_W_F16, H, F, dev_upload(hd, (size_t)H * natural_row_bytes(KN_W_F16, F)), natural_row_bytes(KN_W_F16, F)},
+        .ids = dev_upload(ids, sizeof ids), .pos = dev_upload(pos, sizeof pos),
+        .g = dev_upload(g, (size_t)H * 4), .inv = dev_upload(inv, sizeof inv),
+        .h = dev_alloc((size_t)T * H * 4), .n = dev_alloc((size_t)T * H * 4), .q = dev_alloc((size_t)T * H * 4),
+        .a = dev_alloc((size_t)T * F * 4), .b = dev_alloc((size_t)T * F * 4), .d = dev_alloc((size_t)T * H * 4),
+        .logits = dev_alloc((size_t)T * V * 4), .out = dev_alloc((size_t)T * 4), .flag = dev_alloc(4),
+    };
+    CK(cudaMemset(s.flag, 0, 4));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    float *n0 = xmalloc((size_t)T * H * 4), *n1 = xmalloc((size_t)T * H * 4), *l0 = xmalloc((size_t)T * V * 4),
+          *l1 = xmalloc((size_t)T * V * 4);
+    int32_t o0[5], o1[5];
+    EXPECT(step_launch(&s, T, st) == 0, "graph: direct launch failed");
+    CK(cudaStreamSynchronize(st));
+    dev_download(n0, s.n, (size_t)T * H * 4);
+    dev_download(l0, s.logits, (size_t)T * V * 4);
+    dev_download(o0, s.out, sizeof o0);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    const int lrc = step_launch(&s, T, st);
+    CK(cudaStreamEndCapture(st, &graph));
+    EXPECT(lrc == 0, "graph: a launcher failed during capture");
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; rep++) {
+        CK(cudaMemset(s.logits, 0, (size_t)T * V * 4));
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaStreamSynchronize(st));
+        dev_download(n1, s.n, (size_t)T * H * 4);
+        dev_download(l1, s.logits, (size_t)T * V * 4);
+        dev_download(o1, s.out, sizeof o1);
+        EXPECT(!memcmp(n0, n1, (size_t)T * H * 4) && !memcmp(l0, l1, (size_t)T * V * 4) && !memcmp(o0, o1, sizeof o0),
+               "graph replay %d differs from the direct launch", rep);
+    }
+    int32_t flag = -1;
+    dev_download(&flag, s.flag, 4);
+    EXPECT(flag == 0, "graph: embed flagged valid ids");
+    printf("graph: a decoder step captured and replayed twice, bit-identical to direct launches\n");
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(st));
+    void *bufs[] = {(void *)s.emb.data, (void *)s.wq.data, (void *)s.wg.data, (void *)s.wu.data, (void *)s.wd.data,
+                    (void *)s.ids, (void *)s.pos, (void *)s.g, (void *)s.inv, s.h, s.n, s.q, s.a, s.b, s.d,
+                    s.logits, s.out, s.flag};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
+    free(he), free(hq), free(hg), free(hu), free(hd), free(g), free(n0), free(n1), free(l0), free(l1);
+}
+
 int main(void) {
     kn_harness_require_gpu();
     setenv("SPECD_CPU_ISA", "portable", 1); /* f32 activations on the CPU: the reference */
@@ -622,6 +721,7 @@ int main(void) {
     test_elementwise();
     test_argmax();
     test_blaslt();
+    test_graph();
     bk_cpu_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", g_fail ? "FAIL" : "ok", g_checks, g_fail);
     return g_fail ? 1 : 0;
