@@ -328,8 +328,8 @@ static void test_batches(world *w) {
         }
     }
     EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->sh.name, n_inv_bad, n_inv);
-    printf("%s: T in {1..128} mixed batches: worst NMSE %.3g (bound %.0e); %d tokens bitwise batch invariant\n",
-           w->sh.name, worst, NMSE_BOUND, n_inv - n_inv_bad);
+    printf("%s: T in {1..128} mixed batches: worst NMSE %.3g (bound %.0e); %d of %d tokens bitwise batch invariant\n",
+           w->sh.name, worst, NMSE_BOUND, n_inv - n_inv_bad, n_inv);
     free(batch_out);
 }
 

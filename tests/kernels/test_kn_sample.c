@@ -310,9 +310,9 @@ static void test_sampler(int32_t V) {
     EXPECT(supp_bad == 0, "V=%d: %d ids kept / filtered differently from sampler_probs", V, supp_bad);
     EXPECT(worst <= 1e-6, "V=%d: max |p_gpu - p_cpu| = %.3g > 1e-6", V, worst);
     EXPECT(inv_bad == 0, "V=%d: %d rows differ alone vs in the batch", V, inv_bad);
-    printf("sampler V=%d: %d rows (%d parameter sets): tokens == CPU, support identical, max |dp| %.3g, rows alone "
-           "bitwise == batch\n",
-           V, R, n_var, worst);
+    printf("sampler V=%d: %d rows (%d parameter sets): %d token mismatches, %d support mismatches, max |dp| %.3g, "
+           "%d rows alone != batch\n",
+           V, R, n_var, tok_bad, supp_bad, worst, inv_bad);
     sampler_work_destroy(w);
     cudaFree(d_logits), cudaFree(d_prm), cudaFree(d_hist), cudaFree(d_supp), cudaFree(d_tok), cudaFree(d_p);
     cudaFree(d_scr);
@@ -417,13 +417,16 @@ static void test_verify_exact(int with_q) {
                                c.pos0[s], V, tmp, ref);
         n_acc += a, n_rej += a < c.nd[s];
         int same = c.acc[s] == a && memcmp(c.out + s * (K + 1), ref, (size_t)(a + 1) * sizeof(int32_t)) == 0;
-        if (!same && bad++ < 5) printf("FAIL verify seq %d: GPU accepted %d, reference %d\n", s, c.acc[s], a);
+        if (!same && bad++ < 5)
+            printf("FAIL verify seq %d: GPU accepted %d (last token %d), reference %d (last token %d)\n", s, c.acc[s],
+                   c.acc[s] >= 0 && c.acc[s] <= K ? c.out[s * (K + 1) + c.acc[s]] : -1, a, ref[a]);
     }
     EXPECT(bad == 0, "kn_spec_verify (%s drafts): %d of %d sequences differ from the reference", with_q ? "q" : "one-hot",
            bad, c.n);
     EXPECT(n_acc > 0 && n_rej > 0, "verify case exercises nothing: %d accepted, %d rejections", n_acc, n_rej);
-    printf("spec verify (%s drafts): %d sequences == reference (%d drafts accepted, %d rejections)\n",
-           with_q ? "sampled, q" : "one-hot", c.n, n_acc, n_rej);
+    printf("spec verify (%s drafts): %d sequences, %d differ from the reference (reference: %d drafts accepted, %d "
+           "rejections)\n",
+           with_q ? "sampled, q" : "one-hot", c.n, bad, n_acc, n_rej);
     free(tmp);
     verify_case_free(&c);
 }

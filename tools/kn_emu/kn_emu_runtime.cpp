@@ -80,53 +80,58 @@ void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
     g_body = &body;
     blockDim = block;
     gridDim = grid;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                blockIdx = dim3(bx, by, bz);
-                for (int t = 0; t < nt; t++) {
-                    void **sp = (void **)(((uintptr_t)(g_f[t].stack + kStack)) & ~(uintptr_t)15);
-                    *--sp = nullptr;                /* fake return address: entry sees rsp % 16 == 8 */
-                    *--sp = (void *)fiber_entry;    /* ret target */
-                    for (int r = 0; r < 6; r++) *--sp = nullptr; /* rbp rbx r12-r15 */
-                    g_f[t].sp = sp;
-                    g_f[t].st = RUN;
-                }
-                for (;;) {
-                    bool ran = false;
-                    for (int t = 0; t < nt; t++) {
-                        if (g_f[t].st != RUN) continue;
-                        g_cur = t;
-                        threadIdx = dim3((unsigned)t);
-                        kn_emu_switch(&g_sched_sp, g_f[t].sp);
-                        ran = true;
-                    }
-                    int live = 0, at_block = 0;
-                    for (int t = 0; t < nt; t++) live += g_f[t].st != DONE, at_block += g_f[t].st == WAIT_BLOCK;
-                    if (live == 0) break;
-                    bool released = false;
-                    if (at_block == live) {
-                        for (int t = 0; t < nt; t++)
-                            if (g_f[t].st == WAIT_BLOCK) g_f[t].st = RUN;
-                        released = true;
-                    }
-                    for (int w = 0; w * 32 < nt; w++) {
-                        int wl = 0, ww = 0;
-                        for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
-                            wl += g_f[t].st != DONE, ww += g_f[t].st == WAIT_WARP;
-                        if (ww > 0 && ww == wl) {
-                            for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
-                                if (g_f[t].st == WAIT_WARP) g_f[t].st = RUN;
-                            released = true;
-                        }
-                    }
-                    if (!ran && !released) {
-                        fprintf(stderr, "kn_emu: deadlock / divergent barrier in block (%u,%u): %d live, %d at "
-                                        "__syncthreads\n", bx, by, live, at_block);
-                        abort();
-                    }
+    /* CUDA promises no order between blocks: run them last to first unless
+     * KN_EMU_ORDER=forward, so a result that needs an order shows up */
+    const char *ord = getenv("KN_EMU_ORDER");
+    const bool fwd = ord && strcmp(ord, "forward") == 0;
+    const unsigned nb = grid.x * grid.y * grid.z;
+    for (unsigned k = 0; k < nb; k++) {
+        const unsigned lin = fwd ? k : nb - 1 - k;
+        const unsigned bx = lin % grid.x, by = lin / grid.x % grid.y, bz = lin / (grid.x * grid.y);
+        blockIdx = dim3(bx, by, bz);
+        for (int t = 0; t < nt; t++) {
+            void **sp = (void **)(((uintptr_t)(g_f[t].stack + kStack)) & ~(uintptr_t)15);
+            *--sp = nullptr;                /* fake return address: entry sees rsp % 16 == 8 */
+            *--sp = (void *)fiber_entry;    /* ret target */
+            for (int r = 0; r < 6; r++) *--sp = nullptr; /* rbp rbx r12-r15 */
+            g_f[t].sp = sp;
+            g_f[t].st = RUN;
+        }
+        for (;;) {
+            bool ran = false;
+            for (int t = 0; t < nt; t++) {
+                if (g_f[t].st != RUN) continue;
+                g_cur = t;
+                threadIdx = dim3((unsigned)t);
+                kn_emu_switch(&g_sched_sp, g_f[t].sp);
+                ran = true;
+            }
+            int live = 0, at_block = 0;
+            for (int t = 0; t < nt; t++) live += g_f[t].st != DONE, at_block += g_f[t].st == WAIT_BLOCK;
+            if (live == 0) break;
+            bool released = false;
+            if (at_block == live) {
+                for (int t = 0; t < nt; t++)
+                    if (g_f[t].st == WAIT_BLOCK) g_f[t].st = RUN;
+                released = true;
+            }
+            for (int w = 0; w * 32 < nt; w++) {
+                int wl = 0, ww = 0;
+                for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
+                    wl += g_f[t].st != DONE, ww += g_f[t].st == WAIT_WARP;
+                if (ww > 0 && ww == wl) {
+                    for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
+                        if (g_f[t].st == WAIT_WARP) g_f[t].st = RUN;
+                    released = true;
                 }
             }
+            if (!ran && !released) {
+                fprintf(stderr, "kn_emu: deadlock / divergent barrier in block (%u,%u): %d live, %d at "
+                                "__syncthreads\n", bx, by, live, at_block);
+                abort();
+            }
+        }
+    }
 }
 
 extern "C" {
