@@ -37,7 +37,10 @@
  *     over 30 layers for the twin);
  *   - the 32 greedy tokens identical (the test prints the first divergence
  *     and its logit margin when not).
- * Exits 77 with the reason when no usable GPU is present.
+ * Exits 77 with the reason when no usable GPU is present. The arena is 2 GiB
+ * (SPECD_CUDA_TEST_ARENA_MB overrides). tests/backend builds this same file
+ * against a fake device (backend_cuda_test_on_fake, label unit) to check the
+ * test's own logic without a GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -442,7 +445,8 @@ int main(void) {
     backend *t = bk_cuda_create(&tiny, &err);
     EXPECT(!t && strstr(err.msg, "arena"), "a 4 KiB arena must be refused naming it (got %s)", err.msg);
     bk_cuda_destroy(t);
-    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)2 << 30, .max_tokens = TMAX, .max_seqs = 8,
+    const char *mb = getenv("SPECD_CUDA_TEST_ARENA_MB"); /* default 2 GiB (the twin's 270 MB + KV + workspace) */
+    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)(mb && atoi(mb) > 0 ? atoi(mb) : 2048) << 20, .max_tokens = TMAX, .max_seqs = 8,
                       .max_len = 4096, .block_size = 16, .max_heads = 16, .max_head_dim = 128};
     gpu = bk_cuda_create(&o, &err);
     if (!cpu || !gpu) {
