@@ -232,7 +232,7 @@ int extract_main(int argc, char **argv) {
             skipped++;
             continue;
         }
-        chat_message cm[256];
+        chat_message cm[256] = {{0}};
         int bad = 0;
         for (size_t i = 0; i < nm; i++) {
             json_t *mm = json_array_get(msgs, i);

@@ -249,6 +249,19 @@ int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, spe
     return tok_create_from_gguf(b->tok_gguf, &b->tok, err);
 }
 
+/* Every rank's weight and KV bytes, gathered after loading (workers call
+ * this at the same point of their start-up: it is a collective). */
+static int tp_gather_memory(comm *c, const model *m, int64_t *out, specd_err *err) {
+    model_shard_info si;
+    model_get_shard(m, &si);
+    int64_t mine[2] = {si.weight_bytes, si.kv_bytes};
+    if (!c) {
+        memcpy(out, mine, sizeof mine);
+        return 0;
+    }
+    return comm_all_gather(c, mine, sizeof mine, out, err);
+}
+
 /* The step channel must hold the largest step rank 0 posts (tp.h): token
  * arrays of a full token budget plus a block table per running sequence. */
 static size_t tp_step_bytes(const specd_config *cfg) {
@@ -289,6 +302,14 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (!strcmp(b->device, "cuda"))
         LOG_INFO("backend: %s after loading (%.2f GiB of the arena used)", bk_cuda_describe(b->be),
                  (double)bk_cuda_arena_used(b->be) / (1 << 30));
+    b->n_ranks = b->rk ? cfg->tensor_parallel_size : 1;
+    if (tp_gather_memory(b->rk ? ranks_comm(b->rk) : NULL, b->m, b->rank_mem, err) < 0) {
+        specd_err_wrap(err, "gathering the ranks' memory");
+        goto fail;
+    }
+    for (int r = 0; r < b->n_ranks; r++)
+        LOG_INFO("rank %d memory: weights %.1f MiB, KV cache %.1f MiB", r, (double)b->rank_mem[2 * r] / (1 << 20),
+                 (double)b->rank_mem[2 * r + 1] / (1 << 20));
     const model_config *mc = model_get_config(b->m);
     if (load_tokenizer(model_path, model_gguf(b->m), b, err)) {
         specd_err_wrap(err, "tokenizer of %s", model_path);
@@ -517,10 +538,12 @@ int specd_tp_worker_main(int argc, char **argv) {
         comm_abort(c, why);
         goto out;
     }
-    model_shard_info si;
-    model_get_shard(m, &si);
-    LOG_INFO("tensor parallel rank %d/%d (pid %d): serving; weights %.1f MiB, KV %.1f MiB", w.rank, w.world,
-             (int)getpid(), (double)si.weight_bytes / (1 << 20), (double)si.kv_bytes / (1 << 20));
+    int64_t all_mem[2 * 64];
+    if (tp_gather_memory(c, m, all_mem, &err) < 0) {
+        LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+        goto out;
+    }
+    LOG_INFO("tensor parallel rank %d/%d (pid %d): serving", w.rank, w.world, (int)getpid());
     if (tp_worker_run(c, m, &err) == 0) rc = 0;
     else LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
 out:

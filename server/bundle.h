@@ -38,6 +38,8 @@ typedef struct specd_bundle {
     ranks *rk;
     model_comm tp_comm;
     tp_runner tp_run;
+    int n_ranks;                         /* 1 without TP */
+    int64_t rank_mem[2 * 64];            /* per rank: weight bytes, KV bytes (gathered after loading) */
 } specd_bundle;
 
 /* Loads backend + model + tokenizer and creates (not starts) the engine.

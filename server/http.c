@@ -185,6 +185,23 @@ static enum MHD_Result handle_metrics(http_req *r) {
 
 static enum MHD_Result handle_models(http_req *r) {
     http_server *s = r->srv;
+    if (r->model_id[0]) { /* GET /v1/models/{id} (the openai client's models.retrieve) */
+        if (atomic_load(&s->state) == HTTP_LOADING || strcmp(r->model_id, s->model_name)) {
+            oai_error e;
+            oai_error_set(&e, 404, "model", "The model `%s` does not exist.", r->model_id);
+            return http_send_error(r, &e);
+        }
+        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", s->model_name, "object", "model", "created",
+                              (json_int_t)s->model_created, "owned_by", "specd", "root", s->model_root,
+                              "max_model_len", s->max_model_len);
+        char *j = m ? json_dumps(m, JSON_COMPACT) : NULL;
+        json_decref(m);
+        if (!j) return MHD_NO;
+        r->status = 200;
+        enum MHD_Result rc = http_send_json(r->conn, 200, j, strlen(j));
+        free(j);
+        return rc;
+    }
     json_t *data = json_array();
     if (atomic_load(&s->state) != HTTP_LOADING) {
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", s->model_name, "object", "model",
@@ -293,6 +310,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *req_cls = r;
         bool method_ok;
         r->route = route_of(method, url, &method_ok, &r->endpoint);
+        if (r->route == R_NOT_FOUND && !strncmp(url, "/v1/models/", 11) && url[11] &&
+            strlen(url + 11) < sizeof r->model_id) {
+            snprintf(r->model_id, sizeof r->model_id, "%s", url + 11);
+            r->route = R_MODELS;
+            r->endpoint = "models";
+            method_ok = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        }
         if (r->route != R_NOT_FOUND && !method_ok) {
             oai_error e;
             oai_error_set(&e, 405, NULL, "method %s is not allowed on %s", method, url);

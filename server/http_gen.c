@@ -15,6 +15,18 @@
  * (text/event-stream) whose reader drains the streams into SSE frames and
  * suspends when none are ready; never a busy wait.
  *
+ * Chat output parsing (oai_tools.c): with tools (tool_choice other than
+ * "none") or a thinking template with thinking on, the special tokens are
+ * kept in the text and the text is split into reasoning_content / content /
+ * tool_calls: once over the whole text (non-streaming), or by one
+ * incremental parser per choice (streaming). tool_choice "required" or a
+ * named function appends the opening of a call to the prompt; the parser
+ * starts with it.
+ *
+ * TEST-ONLY: `specd_test_forced_output` (sampling_params.forced_ids) is
+ * honoured only when the process runs with SPECD_TEST_FORCED_OUTPUT=1, else
+ * refused like an unknown field.
+ *
  * Invariant: engine streams are only released in http_gen_release (called
  * from the completion callback after the request left the registry); anything
  * else only aborts them. Threading: MHD threads; see http_internal.h.
@@ -44,6 +56,15 @@ static void make_id(char *buf, size_t cap, const char *prefix) {
     }
     size_t n = (size_t)snprintf(buf, cap, "%s", prefix);
     for (size_t i = 0; i < sizeof rnd && n + 2 < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "%02x", rnd[i]);
+}
+
+/* TEST-ONLY forced output (engine.h sampling_params.forced_ids): honoured
+ * only when the server process runs with SPECD_TEST_FORCED_OUTPUT=1, so the
+ * e2e tests can drive the output parsers with chosen token sequences;
+ * otherwise the field is refused like any unknown one. */
+static bool forced_output_enabled(void) {
+    const char *v = getenv("SPECD_TEST_FORCED_OUTPUT");
+    return v && !strcmp(v, "1");
 }
 
 /* ==== output buffer ==== */
@@ -79,10 +100,41 @@ static int tokenize_prompts(http_req *r, oai_error *e) {
         q->prompts = calloc(1, sizeof *q->prompts);
         if (!q->prompts) return oai_error_set(e, 500, NULL, "out of memory");
         q->n_prompts = 1;
-        chat_options opt = {.add_generation_prompt = q->add_generation_prompt, .thinking = q->thinking};
+        if (q->tools_json && tok_chat_tool_format(tok) == TOK_TOOLS_NONE)
+            return oai_error_set(e, 400, "tools", "this model's chat template has no tool-call format, so 'tools' "
+                                 "cannot be used (supported: Kimi K2 / K2.5 templates)");
+        chat_options opt = {.add_generation_prompt = q->add_generation_prompt, .thinking = q->thinking,
+                            .tools_json = q->tools_json};
         if (tok_chat_encode(tok, q->messages, q->n_messages, &opt, &q->prompts[0].ids, &q->prompts[0].n_ids, NULL,
                             &err))
             return oai_error_set(e, 400, "messages", "cannot apply the chat template: %s", err.msg);
+        /* tool_choice required / named: the reply is opened as a tool call in
+         * the prompt (no constrained decoding: the arguments are the model's) */
+        if (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || q->tool_choice == OAI_TOOL_CHOICE_NAMED) {
+            if (!q->add_generation_prompt)
+                return oai_error_set(e, 400, "tool_choice", "'tool_choice' \"required\" or a named function needs "
+                                     "add_generation_prompt");
+            bool close_think = tok_chat_thinking(tok) && q->thinking != 0;
+            size_t cap = 160 + (q->tool_choice_name ? strlen(q->tool_choice_name) : 0);
+            r->out_prefix = malloc(cap);
+            if (!r->out_prefix) return oai_error_set(e, 500, NULL, "out of memory");
+            int n = q->tool_choice == OAI_TOOL_CHOICE_NAMED
+                        ? snprintf(r->out_prefix, cap, "%s<|tool_calls_section_begin|><|tool_call_begin|>functions.%s:0"
+                                   "<|tool_call_argument_begin|>", close_think ? "</think>" : "", q->tool_choice_name)
+                        : snprintf(r->out_prefix, cap, "%s<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+                                   close_think ? "</think>" : "");
+            r->out_prefix_len = (size_t)n;
+            int32_t *pre = NULL;
+            size_t n_pre = 0;
+            if (tok_encode(tok, r->out_prefix, r->out_prefix_len, true, &pre, &n_pre, &err))
+                return oai_error_set(e, 500, NULL, "cannot encode the tool-call opening: %s", err.msg);
+            int32_t *all = realloc(q->prompts[0].ids, (q->prompts[0].n_ids + n_pre) * sizeof *all);
+            if (!all) return free(pre), oai_error_set(e, 500, NULL, "out of memory");
+            memcpy(all + q->prompts[0].n_ids, pre, n_pre * sizeof *pre);
+            q->prompts[0].ids = all;
+            q->prompts[0].n_ids += n_pre;
+            free(pre);
+        }
         return 0;
     }
     for (size_t p = 0; p < q->n_prompts; p++) {
@@ -102,6 +154,11 @@ static int submit_all(http_req *r, oai_error *e) {
     http_server *s = r->srv;
     oai_request *q = &r->oreq;
     if (oai_check_ids(q->stop_token_ids, q->n_stop_token_ids, s->vocab, "stop_token_ids", e)) return -1;
+    if (oai_check_ids(q->logit_bias_ids, q->n_logit_bias, s->vocab, "logit_bias", e)) return -1;
+    if (oai_check_ids(q->forced_ids, q->n_forced_ids, s->vocab, "specd_test_forced_output", e)) return -1;
+    q->sp.forced_ids = q->forced_ids;
+    q->sp.n_forced_ids = q->n_forced_ids;
+    if (r->rc.parse_tools || r->rc.parse_reasoning) q->sp.skip_special_tokens = false; /* the markers are specials */
     size_t n = q->n_prompts * (size_t)q->n;
     /* The engine's queue bound counts sequences, and a request's sequences are
      * queued back to back: one needing more than the bound can never be
@@ -113,6 +170,14 @@ static int submit_all(http_req *r, oai_error *e) {
     r->streams = calloc(n, sizeof *r->streams);
     r->choices = calloc(n, sizeof *r->choices);
     r->done = calloc(n, sizeof *r->done);
+    if (q->stream && (r->rc.parse_tools || r->rc.parse_reasoning)) {
+        r->parsers = calloc(n, sizeof *r->parsers);
+        if (!r->parsers) return oai_error_set(e, 500, NULL, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            if (oai_outparse_init(&r->parsers[i], r->rc.parse_reasoning, r->rc.parse_tools, r->out_prefix,
+                                  r->out_prefix_len))
+                return oai_error_set(e, 500, NULL, "out of memory");
+    }
     r->echo_text = calloc(q->n_prompts, sizeof *r->echo_text);
     r->echo_len = calloc(q->n_prompts, sizeof *r->echo_len);
     if (!r->streams || !r->choices || !r->done || !r->echo_text || !r->echo_len)
@@ -226,6 +291,20 @@ static int pump(http_req *r) {
                     oai_error_set(&e, r->error_status ? r->error_status : 500, NULL, "%s", r->error_msg);
                     size_t n = 0;
                     rc = out_take(r, oai_error_sse(&e, &n));
+                } else if (r->parsers) {
+                    oai_outparse *p = &r->parsers[i];
+                    oai_parsed d = {0};
+                    size_t call0 = p->n_calls;
+                    rc = oai_outparse_feed(p, o->text ? o->text : "", o->text_len, o->finish != FINISH_NONE, &d);
+                    if (!rc && (d.reasoning_len || d.content_len || d.n_calls || lp || o->finish != FINISH_NONE)) {
+                        const char *fs = o->finish == FINISH_STOP && p->n_calls ? "tool_calls" : NULL;
+                        size_t n = 0;
+                        rc = out_take(r, oai_chat_parsed_sse(&r->rc, c->index, &d, call0, o->token_ids,
+                                                             lp ? o->logprobs : NULL, lp ? o->n_tokens : 0, o->finish,
+                                                             fs, o->stop_reason, o->stop_token_id,
+                                                             r->oreq.include_usage, &n));
+                    }
+                    oai_parsed_free(&d);
                 } else if (o->text_len || lp || o->finish != FINISH_NONE) {
                     size_t n = 0;
                     rc = out_take(r,
@@ -387,9 +466,18 @@ enum MHD_Result http_gen_begin(http_req *r) {
         oai_error_set(&e, 404, "model", "The model `%s` does not exist.", r->oreq.model);
         return http_send_error(r, &e);
     }
+    if (r->oreq.has_forced && !forced_output_enabled()) {
+        oai_error_set(&e, 400, "specd_test_forced_output", "unknown field 'specd_test_forced_output' (a test-only "
+                      "field, honoured only when the server runs with SPECD_TEST_FORCED_OUTPUT=1)");
+        return http_send_error(r, &e);
+    }
     if (tokenize_prompts(r, &e)) return http_send_error(r, &e);
+    bool chat = kind == OAI_CHAT;
     r->rc = (oai_resp_ctx){.kind = kind, .id = r->id, .created = (long long)time(NULL), .model = s->model_name,
-                           .logprobs = r->oreq.logprobs, .token_bytes = token_bytes_cb, .token_ctx = (void *)s->tok};
+                           .logprobs = r->oreq.logprobs, .token_bytes = token_bytes_cb, .token_ctx = (void *)s->tok,
+                           .parse_reasoning = chat && tok_chat_thinking(s->tok) && r->oreq.thinking != 0,
+                           .parse_tools = chat && r->oreq.tool_choice != OAI_TOOL_CHOICE_NONE,
+                           .out_prefix = r->out_prefix, .out_prefix_len = r->out_prefix_len};
     if (submit_all(r, &e)) {
         /* streams already submitted are aborted; they are released on completion */
         return http_send_error(r, &e);
@@ -409,6 +497,9 @@ void http_gen_release(http_req *r) {
 }
 
 void http_gen_free(http_req *r) {
+    for (size_t i = 0; r->parsers && i < r->n_streams; i++) oai_outparse_free(&r->parsers[i]);
+    free(r->parsers);
+    free(r->out_prefix);
     for (size_t i = 0; r->choices && i < r->n_streams; i++) oai_choice_free(&r->choices[i]);
     for (size_t p = 0; r->echo_text && p < r->oreq.n_prompts; p++) free(r->echo_text[p]);
     free(r->echo_text);
@@ -471,12 +562,16 @@ enum MHD_Result http_tokenize(http_req *r) {
     if (is_chat) {
         /* reuse the chat parser for the messages */
         oai_request q;
+        json_object_del(root, "add_special_tokens"); /* a /tokenize field, not a chat one */
         char *body = json_dumps(root, JSON_COMPACT);
         rc = body ? oai_parse_request(OAI_CHAT, body, strlen(body), &q, &e) : oai_error_set(&e, 500, NULL, "oom");
         free(body);
         if (!rc) {
-            chat_options opt = {.add_generation_prompt = q.add_generation_prompt, .thinking = q.thinking};
-            if (tok_chat_encode(r->srv->tok, q.messages, q.n_messages, &opt, &ids, &n, NULL, &err))
+            chat_options opt = {.add_generation_prompt = q.add_generation_prompt, .thinking = q.thinking,
+                                .tools_json = q.tools_json};
+            if (q.tools_json && tok_chat_tool_format(r->srv->tok) == TOK_TOOLS_NONE)
+                rc = oai_error_set(&e, 400, "tools", "this model's chat template has no tool-call format");
+            else if (tok_chat_encode(r->srv->tok, q.messages, q.n_messages, &opt, &ids, &n, NULL, &err))
                 rc = oai_error_set(&e, 400, "messages", "cannot apply the chat template: %s", err.msg);
             oai_request_free(&q);
         }

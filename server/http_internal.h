@@ -66,6 +66,7 @@ struct http_req {
     http_route route;
     http_phase phase;
     const char *endpoint;               /* metrics label */
+    char model_id[256];                 /* GET /v1/models/{id}: the id asked for ("" = the list) */
     /* body */
     char *body;
     size_t body_len, body_cap;
@@ -84,6 +85,10 @@ struct http_req {
     char **echo_text;                   /* [n_prompts] echoed prompt text (completions with echo) */
     size_t *echo_len;
     int n_done;
+    /* chat output parsing (tools / reasoning): one parser per choice when streaming */
+    oai_outparse *parsers;
+    char *out_prefix;                   /* tool_choice required / named: the reply's forced opening */
+    size_t out_prefix_len;
     bool any_error;
     int32_t error_status;   /* engine_output.error_status of the first error (503: overloaded), 0 = 500 */
     char error_msg[256];

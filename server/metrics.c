@@ -40,7 +40,16 @@ struct metrics {
     series req[MAX_SERIES];
     size_t n_req;
     histo ttft, tpot, e2e;
+    int n_ranks;                      /* tensor-parallel ranks reported (0: none yet) */
+    int64_t rank_weight_bytes[METRICS_MAX_RANKS], rank_kv_bytes[METRICS_MAX_RANKS];
 };
+
+void metrics_set_ranks(metrics *m, int n, const int64_t *weight_bytes, const int64_t *kv_bytes) {
+    pthread_mutex_lock(&m->mu);
+    m->n_ranks = n < METRICS_MAX_RANKS ? n : METRICS_MAX_RANKS;
+    for (int r = 0; r < m->n_ranks; r++) m->rank_weight_bytes[r] = weight_bytes[r], m->rank_kv_bytes[r] = kv_bytes[r];
+    pthread_mutex_unlock(&m->mu);
+}
 
 metrics *metrics_create(void) {
     metrics *m = calloc(1, sizeof *m);
@@ -158,6 +167,14 @@ char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *le
     histo_render(&b, "time_to_first_token_seconds", "Time to first token (submit to first output)", &m->ttft);
     histo_render(&b, "time_per_output_token_seconds", "Mean time per output token after the first", &m->tpot);
     histo_render(&b, "e2e_request_latency_seconds", "End-to-end request latency", &m->e2e);
+    if (m->n_ranks) {
+        head(&b, "rank_weight_bytes", "gauge", "Weight bytes each tensor-parallel rank holds (its slices)");
+        for (int r = 0; r < m->n_ranks; r++)
+            sb_printf(&b, "specd_rank_weight_bytes{rank=\"%d\"} %lld\n", r, (long long)m->rank_weight_bytes[r]);
+        head(&b, "rank_kv_cache_bytes", "gauge", "KV cache pool bytes of each tensor-parallel rank");
+        for (int r = 0; r < m->n_ranks; r++)
+            sb_printf(&b, "specd_rank_kv_cache_bytes{rank=\"%d\"} %lld\n", r, (long long)m->rank_kv_bytes[r]);
+    }
     pthread_mutex_unlock(&m->mu);
     if (es) {
         scalar(&b, "num_requests_running", "gauge", "Sequences running in the engine", (double)es->num_running);

@@ -37,6 +37,11 @@ void metrics_request(metrics *m, const char *endpoint, int status);
  * (TPOT, skipped when < 2 tokens), end-to-end latency; seconds. Negative = unknown. */
 void metrics_latency(metrics *m, double ttft_s, double tpot_s, double e2e_s);
 
+/* Per-rank memory (rank 0 alone at TP 1): specd_rank_weight_bytes{rank} and
+ * specd_rank_kv_cache_bytes{rank}. Set once after loading. */
+#define METRICS_MAX_RANKS 64
+void metrics_set_ranks(metrics *m, int n, const int64_t *weight_bytes, const int64_t *kv_bytes);
+
 /* Renders the exposition text (malloc'd) from the server counters and, when
  * ES is not NULL, the engine snapshot. SERVING: 1 serving, 0 loading/draining. */
 char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *len);

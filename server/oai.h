@@ -21,12 +21,17 @@
  *  - prompt/ids/messages that are empty, stop strings that are empty, n = 0,
  *    temperature < 0, top_p outside (0, 1], logprobs above OAI_MAX_LOGPROBS
  *    are 400 invalid_request_error with `param` naming the field.
- *  - unknown fields are ignored (clients send vendor extras); duplicate keys
- *    are rejected.
+ *  - every field specd does not implement is a 400 naming it (never ignored;
+ *    the table in oai_parse.c, docs/server.md); nulls count as absent;
+ *    duplicate keys are rejected; numbers out of range say "out of range".
+ *  - logit_bias {"id": bias in [-100, 100]} goes to sampling_params.
+ *  - chat `tools` / `tool_choice` / message tool calls: oai_tools.c.
  *
  * Responses are built as exact OpenAI shapes: objects "text_completion",
  * "chat.completion", "chat.completion.chunk"; choices with index, text or
- * message/delta, logprobs, finish_reason ("stop" | "length" | null);
+ * message/delta (chat: reasoning_content and tool_calls when the output is
+ * parsed, oai_tools.c), logprobs, finish_reason ("stop" | "length" |
+ * "tool_calls" | null); system_fingerprint;
  * usage {prompt_tokens, completion_tokens, total_tokens}. Streaming frames are
  * Server-Sent Events "data: {json}\n\n", ended by "data: [DONE]\n\n".
  *
@@ -47,6 +52,20 @@
 #define OAI_MAX_STOP 32
 #define OAI_MAX_STOP_LEN 256
 #define OAI_MAX_PROMPTS 256
+#define OAI_MAX_TOOLS 128
+#define OAI_MAX_LOGIT_BIAS 1024
+/* the system_fingerprint of every response: the build's version */
+#define OAI_SYSTEM_FINGERPRINT "fp_specd_" SPECD_FP_VERSION
+#ifndef SPECD_FP_VERSION
+#define SPECD_FP_VERSION "0.1.0"
+#endif
+
+typedef enum {
+    OAI_TOOL_CHOICE_NONE = 0,  /* no tools, or tool_choice "none": output is content */
+    OAI_TOOL_CHOICE_AUTO,      /* the model decides; its tool-call section is parsed */
+    OAI_TOOL_CHOICE_REQUIRED,  /* the reply is opened as a tool call (the prompt ends inside one) */
+    OAI_TOOL_CHOICE_NAMED,     /* the reply is opened as a call of tool_choice_name */
+} oai_tool_choice;
 
 typedef enum { OAI_COMPLETION, OAI_CHAT } oai_kind;
 
@@ -94,6 +113,17 @@ typedef struct oai_request {
     bool include_usage;              /* stream_options.include_usage */
     bool echo;                       /* completions */
     int32_t logprobs;                /* -1 none; else top-N (completions: logprobs; chat: top_logprobs) */
+    const char *max_tokens_param;    /* the field the client used: "max_tokens" or "max_completion_tokens" */
+    /* logit_bias: [n_logit_bias] ids (vocabulary checked with the model) and biases in [-100, 100] */
+    int32_t *logit_bias_ids; float *logit_bias; size_t n_logit_bias;
+    /* chat tools (oai_tools.c) */
+    char *tools_json;                /* `tools | tojson` as the template prints it; NULL = no tools */
+    char **tool_names; size_t n_tools;
+    oai_tool_choice tool_choice;
+    char *tool_choice_name;          /* OAI_TOOL_CHOICE_NAMED */
+    /* TEST-ONLY: "specd_test_forced_output" ids; refused unless the server runs
+     * with SPECD_TEST_FORCED_OUTPUT=1 (http_gen.c) */
+    int32_t *forced_ids; size_t n_forced_ids; bool has_forced;
 } oai_request;
 
 /* Parses BODY[0..LEN) (validated as UTF-8 first) for endpoint KIND.
@@ -118,6 +148,45 @@ int oai_resolve_max_tokens(const oai_request *r, int32_t n_prompt, int32_t max_m
 size_t oai_utf8_invalid_at(const char *s, size_t len);
 /* Copies S replacing each invalid sequence by U+FFFD (malloc'd, NUL-terminated). */
 char *oai_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
+/* ---- tools and reasoning (oai_tools.c) ---- */
+struct json_t;
+/* Python json.dumps(v, ensure_ascii=False) of a jansson value (malloc'd). */
+char *oai_json_pydumps(const struct json_t *v);
+/* tools / tool_choice / parallel_tool_calls of a chat body into R. */
+int oai_parse_tools(struct json_t *root, oai_request *r, oai_error *err);
+/* messages[i].tool_calls / tool_call_id into CM (role already set). */
+int oai_parse_msg_tools(struct json_t *e, size_t i, chat_message *cm, oai_error *err);
+void oai_msg_tools_free(chat_message *cm);
+
+typedef struct oai_tool_call {
+    char *id, *name, *arguments; /* malloc'd; arguments = the JSON text the model wrote */
+} oai_tool_call;
+
+/* What one parse step produced (appended to; free with oai_parsed_free). */
+typedef struct oai_parsed {
+    char *reasoning; size_t reasoning_len;
+    char *content;   size_t content_len;
+    oai_tool_call *calls; size_t n_calls;
+} oai_parsed;
+void oai_parsed_free(oai_parsed *d);
+
+/* Incremental output parser (see oai_tools.c for the grammar). */
+typedef struct oai_outparse {
+    bool reasoning, tools;
+    char *buf; size_t len, cap;   /* all text so far (the forced prefix first) */
+    size_t pos;                   /* bytes of buf already assigned */
+    int phase;
+    size_t sec_start, sec_calls;  /* current tool-call section: start, calls parsed */
+    size_t n_calls;               /* calls parsed in total */
+} oai_outparse;
+/* PREFIX: text the prompt already opened the reply with (tool_choice required
+ * / named); it is parsed as output but not repeated as content. */
+int oai_outparse_init(oai_outparse *p, bool reasoning, bool tools, const char *prefix, size_t prefix_len);
+void oai_outparse_free(oai_outparse *p);
+/* Feeds TEXT (FINAL: no more will come: nothing is held back) and appends
+ * what is now decided to *D. 0, or -1 on OOM. */
+int oai_outparse_feed(oai_outparse *p, const char *text, size_t len, bool final, oai_parsed *d);
 
 /* ---- responses ---- */
 
@@ -157,6 +226,9 @@ typedef struct oai_resp_ctx {
     int32_t logprobs;         /* -1 none */
     oai_token_bytes_fn token_bytes;
     void *token_ctx;
+    /* chat output parsing: reasoning_content and/or tool calls (oai_tools.c) */
+    bool parse_reasoning, parse_tools;
+    const char *out_prefix; size_t out_prefix_len;  /* see oai_outparse_init */
 } oai_resp_ctx;
 
 /* The non-streaming body: all CHOICES (in index order) and usage summed over
@@ -174,6 +246,13 @@ char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, siz
                     const int32_t *ids, const token_logprob *lps, size_t n_lps, size_t text_offset, finish_reason finish,
                     const char *stop_reason, int32_t stop_token_id, bool role_first, bool include_usage,
                     size_t *len);
+/* A chat chunk from a parsed delta D (reasoning_content, content,
+ * tool_calls with indices from CALL_INDEX0); FINISH_STR overrides the finish
+ * string ("tool_calls"), NULL = from FINISH. Malloc'd, NULL on OOM. */
+char *oai_chat_parsed_sse(const oai_resp_ctx *rc, int32_t index, const oai_parsed *d, size_t call_index0,
+                          const int32_t *ids, const token_logprob *lps, size_t n_lps, finish_reason finish,
+                          const char *finish_str, const char *stop_reason, int32_t stop_token_id, bool include_usage,
+                          size_t *len);
 /* The final usage frame: choices [] and usage. */
 char *oai_usage_sse(const oai_resp_ctx *rc, int64_t prompt_tokens, int64_t completion_tokens, size_t *len);
 /* An error as an SSE frame (after headers were sent): data: {"error":...}\n\n */

@@ -152,8 +152,8 @@ static int get_num(json_t *obj, const char *key, double lo, bool lo_open, double
         return oai_error_set(err, 400, key, "'%s' must be a number, got %s", key, json_type_name(v));
     double d = json_number_value(v);
     if (!isfinite(d) || (lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi))
-        return oai_error_set(err, 400, key, "'%s' must be in %s%g, %g%s, got %g", key, lo_open ? "(" : "[", lo, hi,
-                             hi_open ? ")" : "]", d);
+        return oai_error_set(err, 400, key, "'%s' is out of range: must be in %s%g, %g%s, got %g", key,
+                             lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]", d);
     *out = (float)d;
     return 0;
 }
@@ -170,11 +170,14 @@ static int get_int(json_t *obj, const char *key, long long lo, long long hi, lon
     } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
                fabs(json_real_value(v)) < 9e15) {
         x = (long long)json_real_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
+        return oai_error_set(err, 400, key, "'%s' is out of range: must be in [%lld, %lld], got %g", key, lo, hi,
+                             json_real_value(v));
     } else {
         return oai_error_set(err, 400, key, "'%s' must be an integer, got %s", key, json_type_name(v));
     }
     if (x < lo || x > hi)
-        return oai_error_set(err, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+        return oai_error_set(err, 400, key, "'%s' is out of range: must be in [%lld, %lld], got %lld", key, lo, hi, x);
     *out = x;
     return 0;
 }
@@ -338,11 +341,24 @@ static int parse_messages(json_t *root, oai_request *r, oai_error *err) {
             return oai_error_set(err, 400, "messages", "messages[%zu].name must be a string", i);
         chat_message *cm = &r->messages[r->n_messages];
         char *c = NULL;
-        if (parse_content(content, i, &c, err)) return -1;
+        json_t *calls = json_object_get(e, "tool_calls");
+        bool null_ok = !strcmp(rs, "assistant") && json_is_array(calls) && json_array_size(calls) > 0;
+        if (!(null_ok && (!content || json_is_null(content))) && parse_content(content, i, &c, err)) return -1;
         cm->content = c;
         r->n_messages++;
         cm->role = strdup(!strcmp(rs, "developer") ? "system" : rs);
         if (!cm->role) return oai_error_set(err, 500, NULL, "out of memory");
+        if (oai_parse_msg_tools(e, i, cm, err)) return -1;
+        static const char *const msg_keys[] = {"role", "content", "name", "tool_calls", "tool_call_id",
+                                               "reasoning_content", NULL};
+        const char *key;
+        json_t *val;
+        json_object_foreach(e, key, val) {
+            bool known = false;
+            for (size_t k = 0; msg_keys[k]; k++) known |= !strcmp(key, msg_keys[k]);
+            if (!known && !json_is_null(val))
+                return oai_error_set(err, 400, "messages", "messages[%zu].%s is not supported", i, key);
+        }
         if (json_is_string(name)) {
             cm->name = strdup(json_string_value(name));
             if (!cm->name) return oai_error_set(err, 500, NULL, "out of memory");
@@ -403,16 +419,148 @@ void oai_request_free(oai_request *r) {
             free((char *)r->messages[i].role);
             free((char *)r->messages[i].content);
             free((char *)r->messages[i].name);
+            oai_msg_tools_free(&r->messages[i]);
         }
         free(r->messages);
     }
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_token_ids);
+    free(r->logit_bias_ids);
+    free(r->logit_bias);
+    free(r->tools_json);
+    for (size_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
+    free(r->tool_names);
+    free(r->tool_choice_name);
+    free(r->forced_ids);
     memset(r, 0, sizeof *r);
 }
 
+/* ==== the field table: what each endpoint accepts ====
+ * Anything else is a 400 naming the field. Fields that OpenAI defines but
+ * specd does not implement get a message saying so. */
+static const char *const fields_common[] = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "min_tokens", "ignore_eos",
+    "skip_special_tokens", "n", "best_of", "stop", "stop_token_ids", "user", "logit_bias", "logprobs",
+    "specd_test_forced_output", "max_completion_tokens", NULL};
+static const char *const fields_completion[] = {"prompt", "echo", "suffix", NULL};
+static const char *const fields_chat[] = {"messages", "top_logprobs", "add_generation_prompt",
+                                          "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls",
+                                          "response_format", "store", "modalities", NULL};
+/* OpenAI fields specd refuses, with the reason */
+static const struct {
+    const char *field, *why;
+} refused[] = {
+    {"functions", "is deprecated by OpenAI and not supported; send 'tools'"},
+    {"function_call", "is deprecated by OpenAI and not supported; send 'tool_choice'"},
+    {"audio", "is not supported (text only)"},
+    {"prediction", "(predicted outputs) is not supported"},
+    {"web_search_options", "is not supported"},
+    {"reasoning_effort", "is not supported; Kimi thinking is switched by chat_template_kwargs {\"thinking\": bool}"},
+    {"metadata", "is not supported (specd stores nothing)"},
+    {"service_tier", "is not supported"},
+    {"guided_json", "(guided decoding) is not supported"},
+    {"guided_regex", "(guided decoding) is not supported"},
+    {"guided_choice", "(guided decoding) is not supported"},
+    {"guided_grammar", "(guided decoding) is not supported"},
+    {"prompt_logprobs", "is not supported; use echo with logprobs (completions)"},
+    {"use_beam_search", "is not supported"},
+    {"length_penalty", "is not supported"},
+    {"include_stop_str_in_output", "is not supported"},
+    {"truncate_prompt_tokens", "is not supported"},
+};
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+static int check_fields(oai_kind kind, json_t *root, oai_error *err) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (in_list(fields_common, key) || in_list(kind == OAI_CHAT ? fields_chat : fields_completion, key)) continue;
+        if (json_is_null(val)) continue; /* clients send nulls for everything unset */
+        for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+            if (!strcmp(refused[i].field, key))
+                return oai_error_set(err, 400, key, "'%s' %s", key, refused[i].why);
+        if (kind == OAI_COMPLETION && in_list(fields_chat, key))
+            return oai_error_set(err, 400, key, "'%s' is a chat field; /v1/completions does not take it", key);
+        if (kind == OAI_CHAT && in_list(fields_completion, key))
+            return oai_error_set(err, 400, key, "'%s' is a completions field; /v1/chat/completions does not take it",
+                                 key);
+        return oai_error_set(err, 400, key, "unknown field '%s' (specd refuses fields it does not implement; "
+                             "docs/server.md lists every field)", key);
+    }
+    /* accepted only in the form specd implements */
+    json_t *rf = field(root, "response_format");
+    if (rf) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") || json_object_size(rf) != 1)
+            return oai_error_set(err, 400, "response_format",
+                                 "'response_format' other than {\"type\": \"text\"} is not supported (no JSON mode "
+                                 "or structured outputs)");
+    }
+    json_t *st = field(root, "store");
+    if (st && !json_is_false(st))
+        return oai_error_set(err, 400, "store", "'store' must be false (specd stores nothing)");
+    json_t *mo = field(root, "modalities");
+    if (mo && !(json_is_array(mo) && json_array_size(mo) == 1 && json_is_string(json_array_get(mo, 0)) &&
+                !strcmp(json_string_value(json_array_get(mo, 0)), "text")))
+        return oai_error_set(err, 400, "modalities", "'modalities' other than [\"text\"] is not supported");
+    return 0;
+}
+
+/* logit_bias: {"token id": bias}; ids are checked against the vocabulary later. */
+static int parse_logit_bias(json_t *root, oai_request *r, oai_error *err) {
+    json_t *lb = field(root, "logit_bias");
+    if (!lb) return 0;
+    if (!json_is_object(lb))
+        return oai_error_set(err, 400, "logit_bias", "'logit_bias' must be an object {\"token id\": bias}, got %s",
+                             json_type_name(lb));
+    size_t n = json_object_size(lb);
+    if (n > OAI_MAX_LOGIT_BIAS)
+        return oai_error_set(err, 400, "logit_bias", "at most %d 'logit_bias' entries, got %zu", OAI_MAX_LOGIT_BIAS, n);
+    r->logit_bias_ids = malloc((n ? n : 1) * sizeof *r->logit_bias_ids);
+    r->logit_bias = malloc((n ? n : 1) * sizeof *r->logit_bias);
+    if (!r->logit_bias_ids || !r->logit_bias) return oai_error_set(err, 500, NULL, "out of memory");
+    const char *key;
+    json_t *val;
+    json_object_foreach(lb, key, val) {
+        char *end = NULL;
+        long long id = strtoll(key, &end, 10);
+        if (!key[0] || *end || key[0] == '+' || key[0] == ' ')
+            return oai_error_set(err, 400, "logit_bias", "'logit_bias' keys must be token ids (decimal integers), got "
+                                 "\"%s\"", key);
+        if (id < 0 || id > INT32_MAX)
+            return oai_error_set(err, 400, "logit_bias", "'logit_bias' token id %s is out of range", key);
+        if (!json_is_number(val))
+            return oai_error_set(err, 400, "logit_bias", "'logit_bias' value for token %s must be a number, got %s",
+                                 key, json_type_name(val));
+        double b = json_number_value(val);
+        if (!(b >= -100.0 && b <= 100.0))
+            return oai_error_set(err, 400, "logit_bias",
+                                 "'logit_bias' value for token %s is out of range: must be in [-100, 100], got %g",
+                                 key, b);
+        r->logit_bias_ids[r->n_logit_bias] = (int32_t)id;
+        r->logit_bias[r->n_logit_bias++] = (float)b;
+    }
+    return 0;
+}
+
 static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *err) {
+    if (check_fields(kind, root, err)) return -1;
+    if (parse_logit_bias(root, r, err)) return -1;
+    json_t *fo = field(root, "specd_test_forced_output");
+    if (fo) {
+        if (!json_is_array(fo) || json_array_size(fo) == 0)
+            return oai_error_set(err, 400, "specd_test_forced_output",
+                                 "'specd_test_forced_output' must be a non-empty array of token ids");
+        if (parse_ids(fo, "specd_test_forced_output", &r->forced_ids, &r->n_forced_ids, err)) return -1;
+        r->has_forced = true;
+    }
     json_t *jmodel = field(root, "model");
     if (jmodel) {
         if (!json_is_string(jmodel))
@@ -426,12 +574,14 @@ static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *
     long long v;
     bool present;
     /* max_tokens / max_completion_tokens: negative is always 400, 0 only with echo (checked below) */
+    r->max_tokens_param = "max_tokens";
     if (get_int(root, "max_tokens", INT32_MIN, INT32_MAX, &v, &present, err)) return -1;
     if (present) r->has_max_tokens = true, r->max_tokens = (int32_t)v;
     if (get_int(root, "max_completion_tokens", INT32_MIN, INT32_MAX, &v, &present, err)) return -1;
-    if (present) r->has_max_tokens = true, r->max_tokens = (int32_t)v;
+    if (present) r->has_max_tokens = true, r->max_tokens = (int32_t)v, r->max_tokens_param = "max_completion_tokens";
+    const char *mtp = r->max_tokens_param;
     if (r->has_max_tokens && r->max_tokens < 0)
-        return oai_error_set(err, 400, "max_tokens", "'max_tokens' must be at least 1, got %d", r->max_tokens);
+        return oai_error_set(err, 400, mtp, "'%s' must be at least 1, got %d", mtp, r->max_tokens);
 
     if (get_num(root, "temperature", 0, false, 1e6, false, &sp->temperature, err)) return -1;
     if (get_num(root, "top_p", 0, true, 1, false, &sp->top_p, err)) return -1;
@@ -519,12 +669,16 @@ static int parse_fields(oai_kind kind, json_t *root, oai_request *r, oai_error *
             }
         }
         if (r->has_max_tokens && r->max_tokens == 0)
-            return oai_error_set(err, 400, "max_tokens", "'max_tokens' must be at least 1, got 0");
+            return oai_error_set(err, 400, mtp, "'%s' must be at least 1, got 0", mtp);
+        if (oai_parse_tools(root, r, err)) return -1;
     }
     sp->logprobs = r->logprobs;
     if (r->has_max_tokens && sp->min_tokens > r->max_tokens)
-        return oai_error_set(err, 400, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)",
-                             sp->min_tokens, r->max_tokens);
+        return oai_error_set(err, 400, "min_tokens", "'min_tokens' (%d) must not exceed '%s' (%d)", sp->min_tokens,
+                             mtp, r->max_tokens);
+    sp->logit_bias_ids = r->logit_bias_ids;
+    sp->logit_bias = r->logit_bias;
+    sp->n_logit_bias = r->n_logit_bias;
     return 0;
 }
 
@@ -537,7 +691,25 @@ int oai_parse_request(oai_kind kind, const char *body, size_t len, oai_request *
     if (bad < len) return oai_error_set(err, 400, NULL, "the request body is not valid UTF-8 (byte offset %zu)", bad);
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!root) return oai_error_set(err, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (!root) {
+        if (strstr(je.text, "too big") || strstr(je.text, "overflow")) {
+            /* a valid JSON number jansson cannot hold: name the field it belongs to */
+            char key[64] = "";
+            size_t at = je.position > 0 && (size_t)je.position < len ? (size_t)je.position : len;
+            while (at > 0 && body[at - 1] != ':') at--;
+            size_t q = at > 0 ? at - 1 : 0;
+            while (q > 0 && body[q - 1] != '"') q--; /* closing quote of the key */
+            size_t q1 = q > 0 ? q - 1 : 0, q0 = q1;
+            while (q0 > 0 && body[q0 - 1] != '"') q0--;
+            if (at > 0 && q1 > q0 && q1 - q0 < sizeof key) {
+                memcpy(key, body + q0, q1 - q0);
+                key[q1 - q0] = 0;
+            }
+            return oai_error_set(err, 400, key[0] ? key : NULL, "'%s' is out of range (a number too large to "
+                                 "represent)", key[0] ? key : "a number");
+        }
+        return oai_error_set(err, 400, NULL, "malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+    }
     int rc = 0;
     if (!json_is_object(root)) {
         rc = oai_error_set(err, 400, NULL, "the request body must be a JSON object, got %s", json_type_name(root));
@@ -576,11 +748,12 @@ int oai_resolve_max_tokens(const oai_request *r, int32_t n_prompt, int32_t max_m
         return 0;
     }
     if ((int64_t)n_prompt + r->max_tokens > max_model_len)
-        return oai_error_set(err, 400, "max_tokens",
+        return oai_error_set(err, 400, r->max_tokens_param ? r->max_tokens_param : "max_tokens",
                              "This model's maximum context length is %d tokens. However, you requested %lld tokens "
-                             "(%d in the %s, %d in the completion). Please reduce the length.",
+                             "(%d in the %s, %d in the completion). Please reduce the length ('%s').",
                              max_model_len, (long long)n_prompt + r->max_tokens, n_prompt,
-                             r->kind == OAI_CHAT ? "messages" : "prompt", r->max_tokens);
+                             r->kind == OAI_CHAT ? "messages" : "prompt", r->max_tokens,
+                             r->max_tokens_param ? r->max_tokens_param : "max_tokens");
     *max_tokens = r->max_tokens;
     return 0;
 }

@@ -22,6 +22,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +113,9 @@ static json_t *jlogprob(float lp) {
     return json_real(isfinite(lp) ? lp : -9999.0);
 }
 
+/* A token's text for logprobs: its bytes when they are valid UTF-8, else
+ * "bytes:\xNN..." (vLLM's spelling), so two partial-character tokens never
+ * both read U+FFFD and collide as keys of a completions top_logprobs dict. */
 static json_t *token_json(const oai_resp_ctx *rc, int32_t id) {
     size_t len = 0;
     const char *b = rc->token_bytes ? rc->token_bytes(rc->token_ctx, id, &len) : NULL;
@@ -119,6 +123,15 @@ static json_t *token_json(const oai_resp_ctx *rc, int32_t id) {
         char tmp[32];
         int n = snprintf(tmp, sizeof tmp, "token_id:%d", id);
         return json_stringn(tmp, (size_t)n);
+    }
+    if (oai_utf8_invalid_at(b, len) < len) {
+        char *t = malloc(6 + 4 * len + 1);
+        if (!t) return NULL;
+        size_t k = (size_t)snprintf(t, 7, "bytes:");
+        for (size_t i = 0; i < len; i++) k += (size_t)snprintf(t + k, 5, "\\x%02x", (unsigned char)b[i]);
+        json_t *v = json_stringn(t, k);
+        free(t);
+        return v;
     }
     return jstr(b, len);
 }
@@ -142,11 +155,20 @@ static json_t *completion_logprobs(const oai_resp_ctx *rc, const int32_t *ids, c
     return completion_logprobs_echo(rc, NULL, 0, NULL, 0, ids, lps, n, text_offset0);
 }
 
+/* Completions top_logprobs: the top N and, as OpenAI's legacy API and vLLM
+ * do, the sampled token too when it is not among them (N + 1 entries). */
 static json_t *top_dict(const oai_resp_ctx *rc, const token_logprob *lp) {
     json_t *d = json_object();
+    bool seen = false;
     for (int32_t k = 0; k < lp->n_top && k < 20; k++) {
         json_t *t = token_json(rc, lp->top_ids[k]);
         json_object_set_new(d, json_string_value(t), jlogprob(lp->top_logprobs[k]));
+        json_decref(t);
+        seen |= lp->top_ids[k] == lp->id;
+    }
+    if (!seen && lp->n_top > 0) {
+        json_t *t = token_json(rc, lp->id);
+        json_object_set_new(d, json_string_value(t), jlogprob(lp->logprob));
         json_decref(t);
     }
     return d;
@@ -216,8 +238,46 @@ static json_t *stop_reason_json(finish_reason f, const char *stop_reason, int32_
 }
 
 static json_t *envelope(const oai_resp_ctx *rc, const char *object, json_t *choices) {
-    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", rc->id, "object", object, "created", (json_int_t)rc->created,
-                     "model", rc->model, "choices", choices);
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:o}", "id", rc->id, "object", object, "created", (json_int_t)rc->created,
+                     "model", rc->model, "system_fingerprint", OAI_SYSTEM_FINGERPRINT, "choices", choices);
+}
+
+static json_t *tool_call_json(const oai_tool_call *c, size_t index, bool with_index) {
+    json_t *fn = json_pack("{s:s,s:s}", "name", c->name, "arguments", c->arguments);
+    json_t *o = json_pack("{s:s,s:s,s:o}", "id", c->id, "type", "function", "function", fn);
+    if (o && with_index) json_object_set_new(o, "index", json_integer((json_int_t)index));
+    return o;
+}
+
+/* The chat message of a finished choice, parsed into reasoning / content /
+ * tool_calls when the context asks for it. *N_CALLS gets the call count. */
+static json_t *chat_message_json(const oai_resp_ctx *rc, const oai_choice *c, size_t *n_calls) {
+    *n_calls = 0;
+    if (!rc->parse_reasoning && !rc->parse_tools)
+        return json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
+    oai_outparse p;
+    oai_parsed d = {0};
+    if (oai_outparse_init(&p, rc->parse_reasoning, rc->parse_tools, rc->out_prefix, rc->out_prefix_len) ||
+        oai_outparse_feed(&p, c->text ? c->text : "", c->text_len, true, &d)) {
+        oai_outparse_free(&p);
+        oai_parsed_free(&d);
+        return NULL;
+    }
+    oai_outparse_free(&p);
+    json_t *m = json_object();
+    json_object_set_new(m, "role", json_string("assistant"));
+    bool null_content = d.content_len == 0 && (d.n_calls > 0 || rc->parse_reasoning);
+    json_object_set_new(m, "content", null_content ? json_null() : jstr(d.content, d.content_len));
+    if (rc->parse_reasoning)
+        json_object_set_new(m, "reasoning_content", d.reasoning_len ? jstr(d.reasoning, d.reasoning_len) : json_null());
+    if (d.n_calls) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < d.n_calls; i++) json_array_append_new(arr, tool_call_json(&d.calls[i], i, false));
+        json_object_set_new(m, "tool_calls", arr);
+    }
+    *n_calls = d.n_calls;
+    oai_parsed_free(&d);
+    return m;
 }
 
 static json_t *usage_json(int64_t p, int64_t c) {
@@ -259,9 +319,11 @@ char *oai_response_json(const oai_resp_ctx *rc, const oai_choice *choices, size_
                          : logprobs_json(rc, c->ids, c->lps, c->n_lps, 0);
         json_t *ch;
         if (rc->kind == OAI_CHAT) {
-            json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content", jstr(c->text, c->text_len));
+            size_t n_calls = 0;
+            json_t *msg = chat_message_json(rc, c, &n_calls);
+            json_t *fr = n_calls && c->finish == FINISH_STOP ? json_string("tool_calls") : finish_json(c->finish);
             ch = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", c->index, "message", msg, "logprobs", lp,
-                           "finish_reason", finish_json(c->finish), "stop_reason",
+                           "finish_reason", fr, "stop_reason",
                            stop_reason_json(c->finish, c->stop_reason, c->stop_token_id));
         } else {
             ch = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", c->index, "text", jstr(c->text, c->text_len),
@@ -297,6 +359,34 @@ char *oai_chunk_sse(const oai_resp_ctx *rc, int32_t index, const char *text, siz
     json_t *arr = json_array();
     json_array_append_new(arr, ch);
     json_t *root = envelope(rc, rc->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", arr);
+    if (root && include_usage) json_object_set_new(root, "usage", json_null());
+    size_t jl = 0;
+    char *j = dump(root, &jl);
+    return sse_wrap(j, jl, len);
+}
+
+char *oai_chat_parsed_sse(const oai_resp_ctx *rc, int32_t index, const oai_parsed *d, size_t call_index0,
+                          const int32_t *ids, const token_logprob *lps, size_t n_lps, finish_reason finish,
+                          const char *finish_str, const char *stop_reason, int32_t stop_token_id, bool include_usage,
+                          size_t *len) {
+    json_t *lp = (n_lps && lps) ? logprobs_json(rc, ids, lps, n_lps, 0) : json_null();
+    json_t *delta = json_object();
+    if (d->reasoning_len) json_object_set_new(delta, "reasoning_content", jstr(d->reasoning, d->reasoning_len));
+    if (d->content_len) json_object_set_new(delta, "content", jstr(d->content, d->content_len));
+    if (d->n_calls) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < d->n_calls; i++)
+            json_array_append_new(arr, tool_call_json(&d->calls[i], call_index0 + i, true));
+        json_object_set_new(delta, "tool_calls", arr);
+    }
+    json_t *fr = finish_str ? json_string(finish_str) : finish_json(finish);
+    json_t *ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, "delta", delta, "logprobs", lp, "finish_reason", fr);
+    if (!ch) return NULL;
+    if (finish != FINISH_NONE)
+        json_object_set_new(ch, "stop_reason", stop_reason_json(finish, stop_reason, stop_token_id));
+    json_t *arr = json_array();
+    json_array_append_new(arr, ch);
+    json_t *root = envelope(rc, "chat.completion.chunk", arr);
     if (root && include_usage) json_object_set_new(root, "usage", json_null());
     size_t jl = 0;
     char *j = dump(root, &jl);

@@ -268,6 +268,11 @@ int specd_serve_main(int argc, char **argv) {
     }
     char name[256];
     specd_model_name(model_path, &cfg, name, sizeof name);
+    {
+        int64_t wb[METRICS_MAX_RANKS], kb[METRICS_MAX_RANKS];
+        for (int r = 0; r < b.n_ranks && r < METRICS_MAX_RANKS; r++) wb[r] = b.rank_mem[2 * r], kb[r] = b.rank_mem[2 * r + 1];
+        metrics_set_ranks(met, b.n_ranks, wb, kb);
+    }
     http_attach_engine(srv, b.eng, name, model_path, b.max_model_len);
     LOG_INFO("serving model '%s' on http://%s:%u", name, cfg.host, http_port(srv));
     NOTIFY("READY=1\nSTATUS=serving %s on %s:%u", name, cfg.host, http_port(srv));

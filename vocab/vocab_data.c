@@ -49,7 +49,7 @@ static int add_msg(vocab_record *r, const char *role, const char *content) {
         free(b);
         return -1;
     }
-    r->msgs[r->n_msgs++] = (chat_message){a, b, NULL};
+    r->msgs[r->n_msgs++] = (chat_message){.role = a, .content = b};
     if (!strcmp(role, "assistant")) r->n_assistant++;
     if (!strcmp(role, "user")) {
         char **t = realloc(r->turns, sizeof *t * (r->n_turns + 1));

@@ -93,10 +93,10 @@ static int greedy_round(engine *eng, const vocab_target *tg, const vocab_dataset
         if (turn >= r->n_turns || turn >= gs->max_turns) continue;
         if (turn > 0 && !gs->answers[i * gs->max_turns + turn - 1]) continue; /* earlier turn skipped */
         size_t nm = 0;
-        if (r->system) msgs[nm++] = (chat_message){"system", r->system, NULL};
+        if (r->system) msgs[nm++] = (chat_message){.role = "system", .content = r->system};
         for (size_t k = 0; k <= turn; k++) {
-            msgs[nm++] = (chat_message){"user", r->turns[k], NULL};
-            if (k < turn) msgs[nm++] = (chat_message){"assistant", gs->answers[i * gs->max_turns + k], NULL};
+            msgs[nm++] = (chat_message){.role = "user", .content = r->turns[k]};
+            if (k < turn) msgs[nm++] = (chat_message){.role = "assistant", .content = gs->answers[i * gs->max_turns + k]};
         }
         int32_t *ids = NULL;
         size_t n_ids = 0;

@@ -407,3 +407,45 @@ int dsv3_set_mla_absorbed(model *m, bool absorbed) {
     m->ds->absorbed = absorbed;
     return 0;
 }
+
+/* ------------------------------------------------------------ tensor parallelism */
+
+int dsv3_tp_slice(model *m, specd_err *err) {
+    dsv3_state *s = m->ds;
+    const hf_config *c = &s->hc;
+    const int32_t N = m->tp_size, r = m->tp_rank, nh = c->n_heads / N;
+    const int64_t n = c->qk_nope, rr = c->qk_rope, v = c->v_head;
+    const int64_t I = c->intermediate, Im = c->moe_intermediate, Is = Im * c->n_shared_experts;
+    if (I % N || Im % N || Is % N)
+        return specd_err_set(err, "tensor parallel size %d does not divide the MLP widths (dense %lld, expert %lld, "
+                                  "shared %lld)", N, (long long)I, (long long)Im, (long long)Is);
+    char what[96];
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        dsv3_layer *Y = &s->layers[l];
+        /* MLA: this rank's heads of q_b and kv_b (and of their absorbed blocks); o_proj by its inputs */
+        model_slice_rows(&Y->q_b, (int64_t)r * nh * (n + rr), (int64_t)nh * (n + rr));
+        model_slice_rows(&Y->kv_b, (int64_t)r * nh * (n + v), (int64_t)nh * (n + v));
+        Y->w_uk_t += (size_t)r * nh;
+        Y->w_uv += (size_t)r * nh;
+        snprintf(what, sizeof what, "layer %d o_proj", l);
+        if (model_slice_cols(m, what, &Y->o, (int64_t)r * nh * v, (int64_t)nh * v, err) < 0) return -1;
+        /* dense MLP, or the shared experts: column (gate/up) and row (down) parallel */
+        if (!Y->moe || Y->has_shared) {
+            const int64_t w = (Y->moe ? Is : I) / N;
+            model_slice_rows(&Y->gate, (int64_t)r * w, w);
+            model_slice_rows(&Y->up, (int64_t)r * w, w);
+            snprintf(what, sizeof what, "layer %d %s down_proj", l, Y->moe ? "shared expert" : "MLP");
+            if (model_slice_cols(m, what, &Y->down, (int64_t)r * w, w, err) < 0) return -1;
+        }
+        if (!Y->moe) continue;
+        /* every routed expert split inside: the router sees the same scores on every rank */
+        const int64_t w = Im / N;
+        for (int32_t e = 0; e < c->n_routed_experts; e++) {
+            model_slice_rows(&Y->ex_gate[e], (int64_t)r * w, w);
+            model_slice_rows(&Y->ex_up[e], (int64_t)r * w, w);
+            snprintf(what, sizeof what, "layer %d expert %d down_proj", l, e);
+            if (model_slice_cols(m, what, &Y->ex_down[e], (int64_t)r * w, w, err) < 0) return -1;
+        }
+    }
+    return 0;
+}

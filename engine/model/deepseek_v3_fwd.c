@@ -88,7 +88,7 @@ static int mla_absorbed(model *m, int32_t l, const bk_attn_meta *am, const float
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const dsv3_layer *Y = &s->layers[l];
-    const int32_t T = am->n_tokens, nh = c->n_heads, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
+    const int32_t T = am->n_tokens, nh = m->nh_l, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
     const int32_t kvl = c->kv_lora_rank, D = kvl + r;
     float *in = tmp, *outp = tmp + (size_t)T * (n > v ? n : v);
     /* q_lat = W_UK^T q_nope per head; qa = [q_lat | q_pe] [T, nh, D] */
@@ -115,7 +115,7 @@ static int mla_naive(model *m, int32_t l, const bk_attn_meta *am, const float *q
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
     const dsv3_layer *Y = &s->layers[l];
-    const int32_t T = am->n_tokens, nh = c->n_heads, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
+    const int32_t T = am->n_tokens, nh = m->nh_l, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
     const int32_t kvl = c->kv_lora_rank, Dl = kvl + r, D = (n + r) > v ? (n + r) : v;
     const int32_t S = am->n_seqs;
     int rc = -1;
@@ -295,7 +295,7 @@ done:
 int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
     const dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;
-    const int32_t T = b->n_tokens, H = c->hidden, nh = c->n_heads, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
+    const int32_t T = b->n_tokens, H = c->hidden, nh = m->nh_l, n = c->qk_nope, r = c->qk_rope, v = c->v_head;
     const int32_t kvl = c->kv_lora_rank, D = kvl + r, ql = c->q_lora_rank > 0 ? c->q_lora_rank : 1;
     const int32_t nw = n > v ? n : v, I = c->intermediate;
     /* workspace: x xn qa q lat ckv qabs oabs tmp att y | g u  (all [T, *]) */
@@ -344,8 +344,10 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
         } else if (mla_naive(m, l, &am, q, att, err) < 0) {
             return -1;
         }
-        /* output projection + residual */
+        /* output projection (row-parallel at TP > 1: partial sums all-reduced) + residual */
         MATMUL(&Y->o, att, T, y);
+        bk_tensor yt = bk_wrap_f32(y, T, H);
+        if (model_tp_all_reduce(m, &yt, err) < 0) return -1;
         h_add(m->be, x, y, (int64_t)T * H);
         /* MLP rmsnorm; dense SwiGLU or MoE; residual */
         h_rmsnorm(m->be, x, Y->ffn_norm, T, H, (float)c->rms_eps, xn);
@@ -354,6 +356,8 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
         } else if (moe_forward(m, l, xn, T, y, err) < 0) {
             return specd_err_wrap(err, "layer %d", l);
         }
+        /* each rank's experts / MLP slice gave a partial sum (after the fixed-order expert combine) */
+        if (model_tp_all_reduce(m, &yt, err) < 0) return -1;
         h_add(m->be, x, y, (int64_t)T * H);
     }
     return model_finish_outputs(m, b, &xt, err);

@@ -85,6 +85,19 @@ void *model_own(model *m, size_t bytes);
  * loaded Llama weights to it; TP 1 just fills the local sizes. Called by
  * model_load after the architecture loader, before the KV pool is sized. */
 int model_tp_shard(model *m, specd_err *err);
+/* Column-parallel slice: rows [r0, r0 + n) of w (a view; I4G32 scales follow). */
+void model_slice_rows(bk_weight *w, int64_t r0, int64_t n);
+/* Row-parallel slice: input columns [c0, c0 + n) of every row, an owned copy
+ * (I4G32: packed words and group scales); refused (with WHAT and the TP size
+ * in the message) when a 32-value block would be cut. The source's pages of
+ * the mapped file are released. */
+int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64_t n, specd_err *err);
+/* deepseek_v3.c: slices every layer to this rank (m->tp_rank of m->tp_size):
+ * q_b / kv_b by heads (and the absorbed per-head blocks), o_proj by its input
+ * columns, dense MLP and shared experts column/row, each routed expert split
+ * inside (gate/up rows, down columns); latent path, router and norms
+ * replicated. Refuses sizes that do not divide with the reason. */
+int dsv3_tp_slice(model *m, specd_err *err);
 /* Sum of x over the ranks (after a row-parallel linear); no-op at TP 1. */
 int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);

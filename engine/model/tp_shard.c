@@ -45,25 +45,33 @@ static size_t span_bytes(bk_wtype t, int64_t n) {
     case BK_W_Q8_0: return n % 32 ? 0 : (size_t)(n / 32) * 34;
     case BK_W_Q4_0: return n % 32 ? 0 : (size_t)(n / 32) * 18;
     case BK_W_Q4_1: return n % 32 ? 0 : (size_t)(n / 32) * 20;
-    default: return 0; /* I4G32 (DeepSeek-V3 experts) is sliced by its own loader */
+    case BK_W_I4G32: return n % 32 ? 0 : (size_t)n / 2; /* packed int32 words of 8 nibbles; bf16 scales per 32 */
+    default: return 0;
     }
 }
 
-/* Column-parallel: rows [r0, r0 + n) (a view). */
-static void slice_rows(bk_weight *w, int64_t r0, int64_t n) {
+void model_slice_rows(bk_weight *w, int64_t r0, int64_t n) {
     w->data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    if (w->type == BK_W_I4G32) w->scales = (const uint8_t *)w->scales + (size_t)r0 * (size_t)(w->cols / 32) * 2;
     w->rows = n;
 }
+#define slice_rows model_slice_rows
 
-/* Row-parallel: input columns [c0, c0 + n) of every row (an owned copy). */
-static int slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64_t n, specd_err *err) {
+int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64_t n, specd_err *err) {
     const size_t off = span_bytes(w->type, c0), len = span_bytes(w->type, n);
     if ((c0 && !off) || !len)
-        return specd_err_set(err, "tensor parallel size %d: %s cannot be split at column %lld (%lld columns per rank "
-                                  "would cut a 32-value block of its format)",
-                             m->tp_size, what, (long long)c0, (long long)n);
+        return specd_err_set(err, "tensor parallel size %d: %s cannot be split (%lld of its %lld input columns per "
+                                  "rank would cut a 32-value block of its format)",
+                             m->tp_size, what, (long long)n, (long long)w->cols);
     uint8_t *dst = model_own(m, len * (size_t)w->rows);
     if (!dst) return specd_err_set(err, "out of memory slicing %s", what);
+    if (w->type == BK_W_I4G32) { /* the group scales [rows, cols / 32] bf16 follow the columns */
+        const size_t sw = (size_t)(w->cols / 32) * 2, so = (size_t)(c0 / 32) * 2, sl = (size_t)(n / 32) * 2;
+        uint8_t *sd = model_own(m, sl * (size_t)w->rows);
+        if (!sd) return specd_err_set(err, "out of memory slicing %s", what);
+        for (int64_t r = 0; r < w->rows; r++) memcpy(sd + (size_t)r * sl, (const uint8_t *)w->scales + (size_t)r * sw + so, sl);
+        w->scales = sd;
+    }
     for (int64_t r = 0; r < w->rows; r++)
         memcpy(dst + (size_t)r * len, (const uint8_t *)w->data + (size_t)r * w->row_bytes + off, len);
     /* the whole source was read: give its pages of the (read-only) mapping back, so that this rank's
@@ -94,9 +102,21 @@ int model_tp_shard(model *m, specd_err *err) {
     m->vocab_l = c->vocab;
     m->vocab_split = false;
     if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
-    if (N > 1 && c->arch != MODEL_ARCH_LLAMA)
-        return specd_err_set(err, "tensor parallelism is implemented for Llama-family models only (this is %s)",
-                             c->name);
+    if (N > 1 && c->arch == MODEL_ARCH_DEEPSEEK_V3) {
+        if (c->n_heads % N)
+            return specd_err_set(err, "tensor parallel size %d does not divide the %d attention heads", N, c->n_heads);
+        m->nh_l = c->n_heads / N;
+        m->vocab_split = c->vocab % N == 0;
+        m->vocab_l = m->vocab_split ? c->vocab / N : c->vocab;
+        m->lm_head_full = m->lm_head;
+        if (m->vocab_split) model_slice_rows(&m->lm_head, (int64_t)r * m->vocab_l, m->vocab_l);
+        if (dsv3_tp_slice(m, err) < 0) return -1;
+        m->ffn_l = c->ffn / N;
+        LOG_INFO("tensor parallel rank %d/%d: %d of %d MLA heads (latent replicated), MLPs and experts split "
+                 "inside (1/%d of every expert), LM head %s",
+                 r, N, m->nh_l, c->n_heads, N, m->vocab_split ? "split by vocabulary" : "replicated");
+        return 0;
+    }
     if (N > 1) {
         if (c->n_heads % N)
             return specd_err_set(err, "tensor parallel size %d does not divide the %d attention heads", N, c->n_heads);
@@ -130,9 +150,9 @@ int model_tp_shard(model *m, specd_err *err) {
             slice_rows(&L->wgate, (int64_t)r * m->ffn_l, m->ffn_l);
             slice_rows(&L->wup, (int64_t)r * m->ffn_l, m->ffn_l);
             snprintf(what, sizeof what, "layer %d o_proj", l);
-            if (slice_cols(m, what, &L->wo, (int64_t)r * m->nh_l * hd, (int64_t)m->nh_l * hd, err) < 0) return -1;
+            if (model_slice_cols(m, what, &L->wo, (int64_t)r * m->nh_l * hd, (int64_t)m->nh_l * hd, err) < 0) return -1;
             snprintf(what, sizeof what, "layer %d down_proj", l);
-            if (slice_cols(m, what, &L->wdown, (int64_t)r * m->ffn_l, m->ffn_l, err) < 0) return -1;
+            if (model_slice_cols(m, what, &L->wdown, (int64_t)r * m->ffn_l, m->ffn_l, err) < 0) return -1;
         }
         const bk_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) bytes += weight_bytes(ws[i]);

@@ -242,6 +242,9 @@ void sched_seq_free(engine *e, sched_seq *s) {
     free(s->plp);
     free(s->tokens);
     free(s->suppress);
+    free(s->bias_ids);
+    free(s->bias);
+    free(s->forced);
     if (s->stream) {
         pthread_mutex_lock(&s->stream->mu);
         s->stream->eng = NULL;
@@ -302,6 +305,16 @@ static int validate(const engine *e, const engine_request *r, specd_err *err) {
     for (size_t i = 0; i < sp->n_stop; i++)
         if (!sp->stop[i] || strlen(sp->stop[i]) > 1024)
             return specd_err_set(err, "stop[%zu] must be a string of at most 1024 bytes", i);
+    for (size_t i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= V)
+            return specd_err_set(err, "logit_bias token id %d is out of vocabulary [0, %d)", sp->logit_bias_ids[i], V);
+        if (!(sp->logit_bias[i] >= -100.0f && sp->logit_bias[i] <= 100.0f))
+            return specd_err_set(err, "logit_bias value %g for token %d is out of range [-100, 100]",
+                                 sp->logit_bias[i], sp->logit_bias_ids[i]);
+    }
+    for (size_t i = 0; i < sp->n_forced_ids; i++)
+        if (sp->forced_ids[i] < 0 || sp->forced_ids[i] >= V)
+            return specd_err_set(err, "forced output id %d is out of vocabulary [0, %d)", sp->forced_ids[i], V);
     return 0;
 }
 
@@ -313,6 +326,24 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     s->sp.n_stop = 0;
     s->sp.stop_token_ids = NULL;
     s->sp.n_stop_token_ids = 0;
+    s->sp.logit_bias_ids = NULL;
+    s->sp.logit_bias = NULL;
+    s->sp.forced_ids = NULL;
+    size_t nb = r->sp.n_logit_bias, nf = r->sp.n_forced_ids;
+    if (nb) {
+        s->bias_ids = malloc(nb * sizeof *s->bias_ids);
+        s->bias = malloc(nb * sizeof *s->bias);
+        if (!s->bias_ids || !s->bias) goto fail;
+        memcpy(s->bias_ids, r->sp.logit_bias_ids, nb * sizeof *s->bias_ids);
+        memcpy(s->bias, r->sp.logit_bias, nb * sizeof *s->bias);
+        s->sp.logit_bias_ids = s->bias_ids;
+        s->sp.logit_bias = s->bias;
+    }
+    if (nf) {
+        if (!(s->forced = malloc(nf * sizeof *s->forced))) goto fail;
+        memcpy(s->forced, r->sp.forced_ids, nf * sizeof *s->forced);
+        s->sp.forced_ids = s->forced;
+    }
     snprintf(s->request_id, sizeof s->request_id, "%s", r->request_id ? r->request_id : "");
     s->n_prompt = (int32_t)r->n_prompt;
     s->cap_tokens = s->n_prompt + 16;
@@ -326,6 +357,7 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     for (size_t i = 0; i < r->sp.n_stop_token_ids; i++) s->suppress[s->n_suppress++] = r->sp.stop_token_ids[i];
     if (post_params_init(&s->pp, &r->sp, e->cfg.max_model_len) != 0) goto fail;
     if (post_init(&s->post, &e->detok, r->sp.skip_special_tokens) != 0) goto fail;
+    if (e->detok.prime && s->post.stream) e->detok.prime(s->post.stream, r->prompt, r->n_prompt);
     post_delta_reset(&s->delta);
     kv_seq_init(&s->kv);
     s->prompt_logprobs = r->prompt_logprobs && r->n_prompt > 1;
@@ -343,6 +375,9 @@ fail:
     free(s->plp);
     free(s->tokens);
     free(s->suppress);
+    free(s->bias_ids);
+    free(s->bias);
+    free(s->forced);
     free(s);
     return NULL;
 }

@@ -55,6 +55,15 @@ typedef struct sampling_params {
     int32_t logprobs;           /* -1 = none; 0..20 = sampled token + top-N */
     bool skip_special_tokens;   /* in the detokenized text (default true) */
     int32_t num_speculative_tokens; /* -1 = engine default, 0 = no speculation */
+    /* OpenAI logit_bias: logit[ids[i]] += bias[i] (bias in [-100, 100]) after the
+     * penalties, before temperature / filtering and before the greedy argmax, in
+     * plain and speculative sampling alike (sampler.h step 3b); copied at submit */
+    const int32_t *logit_bias_ids; const float *logit_bias; size_t n_logit_bias;
+    /* TEST-ONLY forced output (the server honours it only under SPECD_TEST_FORCED_OUTPUT=1):
+     * output token j < n_forced_ids is forced_ids[j] (every other logit -inf after all
+     * processing), so parsers, streaming and stop handling run on a chosen sequence;
+     * copied at submit */
+    const int32_t *forced_ids; size_t n_forced_ids;
 } sampling_params;
 
 /* Fills the defaults above (temperature 1, top_p 1, top_k -1, ..., max_tokens 16,

@@ -41,6 +41,9 @@ typedef struct engine_detok {
     int (*push)(void *stream, int32_t id, char **out, size_t *len, size_t *cap);
     /* Appends held bytes at the end of generation. */
     int (*flush)(void *stream, char **out, size_t *len, size_t *cap);
+    /* Optional (NULL = none): primes a new stream with the prompt's ids (an
+     * incomplete trailing character is held for the first output token). */
+    void (*prime)(void *stream, const int32_t *prompt, size_t n);
     const int32_t *eos_ids;  /* ids that end generation unless ignore_eos (EOS, <|im_end|>, ...) */
     size_t n_eos;
 } engine_detok;

@@ -67,6 +67,8 @@ typedef struct sched_seq {
     int32_t sched_plp_pos;        /* first such position */
     int32_t sched_plp_n;          /* rows for positions sched_plp_pos .. + sched_plp_n - 1 */
     int32_t *suppress; size_t n_suppress; /* EOS (unless ignore_eos) + stop ids, masked before min_tokens */
+    int32_t *bias_ids; float *bias;       /* [sp.n_logit_bias] owned copies sp.logit_bias_* point at */
+    int32_t *forced;                      /* [sp.n_forced_ids] owned copy (test-only forced output) */
     bool admitted_once;
     kv_seq kv;
     sampler_rng rng;

@@ -26,9 +26,13 @@ static void detok_destroy(void *s) { tok_stream_destroy((tok_stream *)s); }
 static int detok_push(void *s, int32_t id, char **out, size_t *len, size_t *cap) {
     return tok_stream_push((tok_stream *)s, id, out, len, cap);
 }
+/* Serving ends a generation that stops inside a character without a U+FFFD
+ * (vLLM): the held bytes are dropped, not flushed as a replacement. */
 static int detok_flush(void *s, char **out, size_t *len, size_t *cap) {
+    tok_stream_drop((tok_stream *)s);
     return tok_stream_flush((tok_stream *)s, out, len, cap);
 }
+static void detok_prime(void *s, const int32_t *prompt, size_t n) { tok_stream_prime((tok_stream *)s, prompt, n); }
 
 engine_detok engine_detok_from_tokenizer(const tokenizer *tok) {
     engine_detok d = {
@@ -37,6 +41,7 @@ engine_detok engine_detok_from_tokenizer(const tokenizer *tok) {
         .stream_destroy = detok_destroy,
         .push = detok_push,
         .flush = detok_flush,
+        .prime = detok_prime,
     };
     d.n_eos = tok_stop_ids(tok, &d.eos_ids);
     return d;

@@ -134,6 +134,16 @@ void sampler_apply_penalties(sampler_work *w, const sampling_params *sp, const s
             w->count[t] = 0; /* each id once; also resets the scratch */
         }
     }
+
+    for (size_t i = 0; i < sp->n_logit_bias; i++)
+        if (in_vocab(sp->logit_bias_ids[i], V)) logits[sp->logit_bias_ids[i]] += sp->logit_bias[i];
+
+    if (h->n_output < sp->n_forced_ids && in_vocab(sp->forced_ids[h->n_output], V)) {
+        int32_t f = sp->forced_ids[h->n_output];
+        for (int32_t i = 0; i < V; i++)
+            if (i != f) logits[i] = -INFINITY;
+        logits[f] = 0.0f; /* finite even if a suppression or bias made it -inf */
+    }
 }
 
 /* ---------------------------------------------------------------- helpers */

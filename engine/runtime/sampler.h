@@ -10,6 +10,9 @@
  *      logit > 0 -> logit / r, logit <= 0 -> logit * r;
  *   3. frequency and presence penalties (OpenAI semantics, output ids only):
  *      logit -= frequency * count(id) + presence * (count(id) > 0);
+ *   3b. logit_bias (OpenAI): logit[id] += bias (sp->logit_bias_*);
+ *   3c. TEST-ONLY forced output: while n_output < sp->n_forced_ids every logit
+ *      but forced_ids[n_output] is -inf (engine.h);
  *   4. temperature < 1e-5: greedy, p = one-hot at argmax (ties -> lowest id);
  *      otherwise logits / temperature;
  *   5. top-k: keep every id whose logit >= the k-th largest (ties with the k-th
@@ -68,7 +71,7 @@ void sampler_work_destroy(sampler_work *w); /* NULL ok */
 
 bool sampler_is_greedy(const sampling_params *sp);
 
-/* Steps 1-3 in place on LOGITS f32 [vocab]. */
+/* Steps 1-3c in place on LOGITS f32 [vocab]. */
 void sampler_apply_penalties(sampler_work *w, const sampling_params *sp, const sampler_hist *h, float *logits);
 
 /* Steps 1-8: P f32 [vocab] receives the processed distribution (sums to 1;

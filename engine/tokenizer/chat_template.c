@@ -21,7 +21,17 @@
  *     <think></think> before the content, the generation prompt ends with
  *     <think> (thinking on, the default) or <think></think> (off); no default
  *     system prompt unless the template has one or the caller gives one.
- *     Roles other than system/user/assistant (tool results) are refused.
+ *     Tools (both): `tools_json` (the server's rendering of `tools | tojson`)
+ *     as <|im_system|>tool_declare<|im_middle|>TOOLS<|im_end|> before
+ *     everything; an assistant turn with tool calls renders its content (if
+ *     any) then <|tool_calls_section_begin|>, per call
+ *     <|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>ARGS<|tool_call_end|>
+ *     (I = the call's index in that turn, ARGS = the arguments string as a
+ *     JSON string literal: K2's `arguments | tojson` of a string), then
+ *     <|tool_calls_section_end|>; a "tool" message renders as
+ *     <|im_system|>tool<|im_middle|>## Return of ID\nCONTENT<|im_end|>
+ *     where "\n" is the two characters backslash and n, as K2-Instruct's
+ *     template prints it (a Jinja text literal). Other roles are refused.
  *
  * A conversation is first laid out as SEGMENTS: structural special tokens and
  * text stretches (each with a loss-mask flag). Rendering concatenates them;
@@ -40,6 +50,7 @@
  */
 #include "engine/tokenizer/tok_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,23 +193,115 @@ static int layout_chatml(const tokenizer *t, const chat_message *m, size_t n, co
     return 0;
 }
 
+/* Strings made while laying out (JSON-escaped arguments, call ids), freed
+ * with the segments. */
+typedef struct strpool {
+    char **v;
+    size_t n, cap;
+} strpool;
+
+static char *pool_take(strpool *p, char *str) {
+    if (!str) return NULL;
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 8;
+        char **nv = realloc(p->v, nc * sizeof *nv);
+        if (!nv) return free(str), NULL;
+        p->v = nv;
+        p->cap = nc;
+    }
+    return p->v[p->n++] = str;
+}
+
+static void pool_free(strpool *p) {
+    for (size_t i = 0; i < p->n; i++) free(p->v[i]);
+    free(p->v);
+    memset(p, 0, sizeof *p);
+}
+
+/* S as a JSON string literal the way Python's json.dumps(s, ensure_ascii=False)
+ * writes it: quotes, \" \\ \n \r \t \b \f, other controls as \u00XX, the
+ * rest (UTF-8) as is. Malloc'd. */
+static char *json_quote(const char *str) {
+    size_t n = strlen(str);
+    char *o = malloc(n * 6 + 3);
+    if (!o) return NULL;
+    size_t k = 0;
+    o[k++] = '"';
+    for (const unsigned char *c = (const unsigned char *)str; *c; c++) {
+        const char *esc = NULL;
+        switch (*c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default: break;
+        }
+        if (esc) {
+            memcpy(o + k, esc, 2);
+            k += 2;
+        } else if (*c < 0x20) {
+            static const char hex[] = "0123456789abcdef";
+            memcpy(o + k, "\\u00", 4);
+            o[k + 4] = hex[*c >> 4];
+            o[k + 5] = hex[*c & 15];
+            k += 6;
+        } else {
+            o[k++] = (char)*c;
+        }
+    }
+    o[k++] = '"';
+    o[k] = 0;
+    return o;
+}
+
+static char *call_id(const char *name, size_t idx) {
+    size_t n = strlen(name) + 40;
+    char *o = malloc(n);
+    if (o) snprintf(o, n, "functions.%s:%zu", name, idx);
+    return o;
+}
+
 static int layout_kimi(const tokenizer *t, const chat_message *m, size_t n, const chat_options *opt, segs *s,
-                       specd_err *err) {
+                       strpool *pool, specd_err *err) {
     for (size_t i = 0; i < n; i++) {
         const char *r = m[i].role;
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool"))
             return specd_err_set(err, "tokenizer: Kimi chat: role \"%s\" (message %zu) is not supported", r, i) - 1;
+        if (!strcmp(r, "tool") && !m[i].tool_call_id)
+            return specd_err_set(err, "tokenizer: Kimi chat: tool message %zu has no tool_call_id", i) - 1;
     }
+    if (opt && opt->tools_json &&
+        (SP(s, "<|im_system|>", 0) || TX(s, "tool_declare", 0) || SP(s, "<|im_middle|>", 0) ||
+         TX(s, opt->tools_json, 0) || SP(s, "<|im_end|>", 0)))
+        return -1;
     const char *sys = system_default(t, m, n, opt);
     if (sys && (SP(s, "<|im_system|>", 0) || TX(s, "system", 0) || SP(s, "<|im_middle|>", 0) || TX(s, sys, 0) ||
                 SP(s, "<|im_end|>", 0)))
         return -1;
     for (size_t i = 0; i < n; i++) {
-        bool a = strcmp(m[i].role, "assistant") == 0;
+        bool a = strcmp(m[i].role, "assistant") == 0, tool = strcmp(m[i].role, "tool") == 0;
         const char *head = a ? "<|im_assistant|>" : strcmp(m[i].role, "user") == 0 ? "<|im_user|>" : "<|im_system|>";
         const char *name = t->chat_think && m[i].name && m[i].name[0] ? m[i].name : m[i].role;
         if (SP(s, head, 0) || TX(s, name, 0) || SP(s, "<|im_middle|>", 0)) return -1;
         if (a && t->chat_think && (SP(s, "<think>", 0) || SP(s, "</think>", 0))) return -1;
+        if (a && m[i].n_tool_calls) {
+            if (m[i].content && m[i].content[0] && TX(s, m[i].content, 1)) return -1;
+            if (SP(s, "<|tool_calls_section_begin|>", 1)) return -1;
+            for (size_t c = 0; c < m[i].n_tool_calls; c++) {
+                const chat_tool_call *tc = &m[i].tool_calls[c];
+                const char *id = pool_take(pool, call_id(tc->name ? tc->name : "", c));
+                const char *args = pool_take(pool, json_quote(tc->arguments ? tc->arguments : ""));
+                if (!id || !args || SP(s, "<|tool_call_begin|>", 1) || TX(s, id, 1) ||
+                    SP(s, "<|tool_call_argument_begin|>", 1) || TX(s, args, 1) || SP(s, "<|tool_call_end|>", 1))
+                    return -1;
+            }
+            if (SP(s, "<|tool_calls_section_end|>", 1) || SP(s, "<|im_end|>", 1)) return -1;
+            continue;
+        }
+        if (tool && (TX(s, "## Return of ", 0) || TX(s, m[i].tool_call_id, 0) || TX(s, "\\n", 0))) return -1;
         if (TX(s, m[i].content, a) || SP(s, "<|im_end|>", a)) return -1;
     }
     if (opt && opt->add_generation_prompt) {
@@ -208,16 +311,28 @@ static int layout_kimi(const tokenizer *t, const chat_message *m, size_t n, cons
     return 0;
 }
 
+tok_tool_format tok_chat_tool_format(const tokenizer *t) { return t->chat == CHAT_KIMI ? TOK_TOOLS_KIMI : TOK_TOOLS_NONE; }
+
+int tok_chat_thinking(const tokenizer *t) { return t->chat == CHAT_KIMI && t->chat_think; }
+
 /* Lays the conversation out; -1 with err set. */
 static int layout(const tokenizer *t, const chat_message *msgs, size_t n, const chat_options *opt, segs *s,
-                  specd_err *err) {
+                  strpool *pool, specd_err *err) {
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role) return specd_err_set(err, "tokenizer: chat message %zu has no role", i);
     int rc;
     switch (t->chat) {
-    case CHAT_CHATML: rc = layout_chatml(t, msgs, n, opt, s); break;
+    case CHAT_CHATML:
+        for (size_t i = 0; i < n; i++)
+            if (msgs[i].n_tool_calls || msgs[i].tool_call_id) /* a plain "tool" role renders like any other */
+                return specd_err_set(err, "tokenizer: this model's chat template has no tool-call format (message "
+                                          "%zu has tool_calls or tool_call_id)", i);
+        if (opt && opt->tools_json)
+            return specd_err_set(err, "tokenizer: this model's chat template has no tool-call format");
+        rc = layout_chatml(t, msgs, n, opt, s);
+        break;
     case CHAT_KIMI:
-        rc = layout_kimi(t, msgs, n, opt, s, err);
+        rc = layout_kimi(t, msgs, n, opt, s, pool, err);
         if (rc < -1) return -1; /* err already set */
         break;
     default:
@@ -234,8 +349,10 @@ int tok_chat_render(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     *text = NULL;
     if (len) *len = 0;
     segs s = {0};
-    if (layout(t, msgs, n_msgs, opt, &s, err) < 0) {
+    strpool pool = {0};
+    if (layout(t, msgs, n_msgs, opt, &s, &pool, err) < 0) {
         free(s.v);
+        pool_free(&pool);
         return -1;
     }
     size_t total = 0;
@@ -243,6 +360,7 @@ int tok_chat_render(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     char *out = malloc(total + 1);
     if (!out) {
         free(s.v);
+        pool_free(&pool);
         return specd_err_set(err, "tokenizer: out of memory");
     }
     size_t o = 0;
@@ -252,6 +370,7 @@ int tok_chat_render(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     }
     out[o] = '\0';
     free(s.v);
+    pool_free(&pool);
     *text = out;
     if (len) *len = o;
     return 0;
@@ -263,10 +382,11 @@ int tok_chat_encode(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     *n_ids = 0;
     if (mask) *mask = NULL;
     segs s = {0};
+    strpool pool = {0};
     tok_ids out = {0}, m = {0};
     char *run = NULL;
     size_t run_cap = 0;
-    if (layout(t, msgs, n_msgs, opt, &s, err) < 0) goto fail;
+    if (layout(t, msgs, n_msgs, opt, &s, &pool, err) < 0) goto fail;
     for (size_t i = 0; i < s.n;) {
         if (s.v[i].special) {
             int32_t id = tok_token_id(t, s.v[i].special, s.v[i].len);
@@ -312,6 +432,7 @@ int tok_chat_encode(const tokenizer *t, const chat_message *msgs, size_t n_msgs,
     *n_ids = out.n;
     free(m.v);
     free(s.v);
+    pool_free(&pool);
     free(run);
     return 0;
 oom:
@@ -320,6 +441,7 @@ fail:
     free(out.v);
     free(m.v);
     free(s.v);
+    pool_free(&pool);
     free(run);
     return -1;
 }

@@ -155,6 +155,35 @@ int tok_stream_push(tok_stream *s, int32_t id, char **out, size_t *out_len, size
     return rc;
 }
 
+void tok_stream_prime(tok_stream *s, const int32_t *ids, size_t n) {
+    const tokenizer *t = s->t;
+    unsigned char tail[8];
+    size_t nt = 0;
+    /* the last (up to) 3 bytes of the prompt, specials included only if they are output text */
+    for (size_t i = n; i > 0 && nt < 3; i--) {
+        int32_t id = ids[i - 1];
+        if (id < 0 || id >= t->n_vocab) return;
+        if (s->skip_special && (t->attr[id] & TOK_ATTR_SPECIAL)) continue;
+        const unsigned char *b = (const unsigned char *)t->arena + t->tok_off[id];
+        for (size_t k = t->tok_len[id]; k > 0 && nt < 3; k--) {
+            memmove(tail + 1, tail, nt);
+            tail[0] = b[k - 1];
+            nt++;
+        }
+    }
+    /* the start of the last character: the last byte that is not a continuation byte */
+    size_t p = nt;
+    while (p > 0 && (tail[p - 1] & 0xC0) == 0x80) p--;
+    if (p == 0) return;
+    p--;
+    size_t l = nt - p;
+    if (tail[p] < 0x80 || tok_utf8_seq_len(tail + p, l) || utf8_prefix_len(tail + p, l) != l) return;
+    memcpy(s->held, tail + p, l); /* a proper prefix of a well-formed character */
+    s->n_held = l;
+}
+
+void tok_stream_drop(tok_stream *s) { s->n_held = 0; }
+
 int tok_stream_flush(tok_stream *s, char **out, size_t *out_len, size_t *out_cap) {
     if (out_append(out, out_len, out_cap, "", 0) < 0) return -1;
     if (!s->n_held) return 0;

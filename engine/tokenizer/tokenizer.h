@@ -70,19 +70,47 @@ void tok_stream_destroy(tok_stream *s);
 int tok_stream_push(tok_stream *s, int32_t id, char **out, size_t *out_len, size_t *out_cap);
 /* Flushes held bytes at end of generation (incomplete tail -> U+FFFD). */
 int tok_stream_flush(tok_stream *s, char **out, size_t *out_len, size_t *out_cap);
+/* Serving edges (vLLM's DecodeStream semantics, docs/server.md):
+ * tok_stream_prime: when the bytes of IDS (the prompt) end inside a character,
+ * hold those bytes, so the generated token that completes the character emits
+ * it whole (the completion starts with the full character, no U+FFFD);
+ * tok_stream_drop: forget held bytes (a generation that ends inside a
+ * character emits nothing for it, no U+FFFD). */
+void tok_stream_prime(tok_stream *s, const int32_t *ids, size_t n);
+void tok_stream_drop(tok_stream *s);
 
 /* ---- chat templates ---- */
+/* One tool call of an earlier assistant turn (OpenAI tool_calls[i]). */
+typedef struct chat_tool_call {
+    const char *id;         /* the call's id (Kimi K2's template renders functions.NAME:INDEX instead) */
+    const char *name;       /* function name */
+    const char *arguments;  /* the arguments as the client sent them: a JSON text in a string */
+} chat_tool_call;
+
 typedef struct chat_message {
-    const char *role;    /* "system" | "user" | "assistant" | other */
-    const char *content; /* UTF-8 */
+    const char *role;    /* "system" | "user" | "assistant" | "tool" | other */
+    const char *content; /* UTF-8; NULL = none (an assistant turn with only tool calls) */
     const char *name;    /* optional, NULL */
+    const chat_tool_call *tool_calls; size_t n_tool_calls; /* assistant turns */
+    const char *tool_call_id;                              /* role "tool": the call answered */
 } chat_message;
 
 typedef struct chat_options {
     bool add_generation_prompt;   /* append the assistant header */
     int thinking;                 /* Kimi: 1 = "<think>", 0 = "<think></think>", -1 default */
     const char *default_system;   /* NULL = the template's own default */
+    /* the tool declarations exactly as the template prints `tools | tojson`
+     * (Python json.dumps, made by the server); NULL = no tools */
+    const char *tools_json;
 } chat_options;
+
+/* The tool-call format of the loaded chat template: TOK_TOOLS_NONE (tools
+ * refused), TOK_TOOLS_KIMI (tool_declare / <|tool_calls_section_begin|>). */
+typedef enum { TOK_TOOLS_NONE = 0, TOK_TOOLS_KIMI = 1 } tok_tool_format;
+tok_tool_format tok_chat_tool_format(const tokenizer *t);
+/* 1 if the template has a thinking section (<think> ... </think> after the
+ * generation prompt, on by default), else 0. */
+int tok_chat_thinking(const tokenizer *t);
 
 /* Renders a conversation to token ids: structural tokens are inserted as ids,
  * message content is tokenized as plain text (never parsed for specials).

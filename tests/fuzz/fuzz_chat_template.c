@@ -73,8 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     chat_message m[MAX_MSGS];
     size_t nm = 0;
-    for (size_t i = 0; i + 1 < nf; i += 2) m[nm++] = (chat_message){field[i], field[i + 1], NULL};
-    if (nf % 2 == 1 && nf > 1) m[nm++] = (chat_message){"user", field[nf - 1], NULL};
+    for (size_t i = 0; i + 1 < nf; i += 2) m[nm++] = (chat_message){.role = field[i], .content = field[i + 1]};
+    if (nf % 2 == 1 && nf > 1) m[nm++] = (chat_message){.role = "user", .content = field[nf - 1]};
     for (int v = 0; v < 6; v++) {
         chat_options opt = {.add_generation_prompt = v & 1, .thinking = v / 2 - 1,
                             .default_system = (v == 4) ? "" : NULL};

@@ -156,7 +156,7 @@ static void fz_check_tokenizer(tokenizer *t, const uint8_t *data, size_t size) {
     };
     for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) fz_check_text(t, probes[i], strlen(probes[i]));
     fz_check_text(t, (const char *)data, size < 512 ? size : 512);
-    chat_message m[2] = {{"user", "Hi there", NULL}, {"assistant", "Hello!", NULL}};
+    chat_message m[2] = {{.role = "user", .content = "Hi there"}, {.role = "assistant", .content = "Hello!"}};
     chat_options opt = {.add_generation_prompt = true, .thinking = -1};
     specd_err err = {{0}};
     char *text = NULL;

@@ -2,9 +2,9 @@
  * test_kn_attn.c: kn_kv_write and kn_attention (kernels/kn_attn.h) against
  * the CPU backend's kv_write / attention, on random data.
  *
- * Three shapes: SmolLM2 (9 heads over 3 KV heads, head_dim 64, GQA 3), Llama
- * (8 over 2, head_dim 128) and the DeepSeek MLA absorbed form (8 heads over
- * one KV head of 576, K and V one plane). Five sequences with contexts 5,
+ * Four shapes: SmolLM2 (9 heads over 3 KV heads, head_dim 64, GQA 3), Llama
+ * (8 over 2, head_dim 128), the DeepSeek MLA absorbed form (8 heads over one
+ * KV head of 576, K and V one plane) and plain multi-head 4 x 80. Five sequences with contexts 5,
  * 130, 300, 600 and 1000 positions (1..4 splits of KN_ATTN_SPLIT = 256),
  * block tables shuffled over the pool. K, V and q of (seq, pos) are a hash of
  * (seq, pos), so whatever batch writes a slot writes the same values.
@@ -207,11 +207,15 @@ static kn_paged_kv gpu_kv(const world *w) {
 static void run_step(world *w, int32_t T, const int32_t *seq_of, const int32_t *pos, const uint8_t *mask,
                      int attend, int32_t max_len) {
     const size_t qn = (size_t)T * w->sh.n_heads * w->sh.head_dim, kn = (size_t)T * w->row;
-    bk_attn_meta m = {T, pos, seq_of, w->bt_rows, N_SEQS, mask};
+    bk_attn_meta m = {T, pos, seq_of, w->bt_rows, N_SEQS, mask, NULL};
     bk_kv_layer ckv = cpu_kv(w);
     const float scale = 1.0f / sqrtf((float)w->sh.head_dim);
-    w->cpu->ops->kv_write(w->cpu->ctx, &ckv, &m, w->kin, w->sh.one_plane ? w->kin : w->vin);
-    if (attend) w->cpu->ops->attention(w->cpu->ctx, &ckv, &m, w->q, w->sh.n_heads, scale, w->out_cpu);
+    /* the CPU backend's tensors are host memory: its ops take wrapped host arrays */
+    bk_tensor kt = bk_wrap_f32(w->kin, T, w->row), vt = bk_wrap_f32(w->sh.one_plane ? w->kin : w->vin, T, w->row);
+    bk_tensor qt = bk_wrap_f32(w->q, T, (int64_t)w->sh.n_heads * w->sh.head_dim);
+    bk_tensor ot = bk_wrap_f32(w->out_cpu, T, (int64_t)w->sh.n_heads * w->sh.head_dim);
+    w->cpu->ops->kv_write(w->cpu->ctx, &ckv, &m, &kt, &vt);
+    if (attend) w->cpu->ops->attention(w->cpu->ctx, &ckv, &m, &qt, w->sh.n_heads, scale, &ot);
 
     CK(cudaMemcpy(w->d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(w->d_seq, seq_of, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
@@ -427,6 +431,7 @@ int main(void) {
         {"smollm2 9/3 x 64", 9, 3, 64, 16, 0},
         {"llama 8/2 x 128", 8, 2, 128, 16, 0},
         {"mla 8/1 x 576 k==v", 8, 1, 576, 64, 1},
+        {"mha 4/4 x 80", 4, 4, 80, 32, 0}, /* head_dim not a multiple of 64, no GQA */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         world w;

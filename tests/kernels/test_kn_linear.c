@@ -56,6 +56,33 @@ static const double NMSE_MATMUL = 1e-10, NMSE_NORM = 1e-12, NMSE_ROPE = 1e-12, N
 static int g_fail, g_checks;
 static backend *g_cpu;
 
+/* The CPU backend's ops on host arrays (its tensors are host memory: bk_wrap_* views, no copies). */
+static int cpu_matmul_h(const bk_weight *w, const float *x, int32_t T, float *y) { return bk_matmul_f32(g_cpu, w, x, T, y); }
+static int cpu_embed_h(const bk_weight *w, const int32_t *ids, int32_t T, float *out) {
+    bk_tensor it = bk_wrap_i32(ids, T, 1), ot = bk_wrap_f32(out, T, w->cols);
+    return g_cpu->ops->embed(g_cpu->ctx, w, &it, ids, &ot);
+}
+static void cpu_rmsnorm_h(const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out) {
+    bk_tensor xt = bk_wrap_f32((float *)(uintptr_t)x, T, dim), gt = bk_wrap_f32((float *)(uintptr_t)g, 1, dim);
+    bk_tensor ot = bk_wrap_f32(out, T, dim);
+    g_cpu->ops->rmsnorm(g_cpu->ctx, &xt, &gt, eps, &ot);
+}
+static void cpu_add_h(float *y, const float *x, int64_t n) {
+    bk_tensor yt = bk_wrap_f32(y, 1, n), xt = bk_wrap_f32((float *)(uintptr_t)x, 1, n);
+    g_cpu->ops->add(g_cpu->ctx, &yt, &xt);
+}
+static void cpu_rope_h(float *x, int32_t T, int32_t nh, int32_t hd, int32_t rot, const int32_t *pos, const float *inv,
+                       float mscale, bool neox) {
+    bk_tensor xt = bk_wrap_f32(x, T, (int64_t)nh * hd), ft = bk_wrap_f32((float *)(uintptr_t)inv, 1, rot / 2);
+    bk_attn_meta am = {.n_tokens = T, .pos = pos};
+    g_cpu->ops->rope(g_cpu->ctx, &xt, nh, hd, rot, &am, &ft, mscale, neox);
+}
+static void cpu_silu_h(const float *a, const float *b, int64_t n, float *out) {
+    bk_tensor at = bk_wrap_f32((float *)(uintptr_t)a, 1, n), bt = bk_wrap_f32((float *)(uintptr_t)b, 1, n);
+    bk_tensor ot = bk_wrap_f32(out, 1, n);
+    g_cpu->ops->silu_mul(g_cpu->ctx, &at, &bt, &ot);
+}
+
 #define CK(call)                                                                                  \
     do {                                                                                          \
         int ck_rc_ = (int)(call);                                                                 \
@@ -188,7 +215,7 @@ static void test_matmul_case(kn_wtype t, int64_t rows, int64_t cols, size_t pad,
     double worst = 0;
     for (int mi = 0; mi < NM; mi++) {
         const int32_t M = MS[mi];
-        EXPECT(g_cpu->ops->matmul(g_cpu->ctx, &bw, x, M, ref) == 0, "cpu matmul failed");
+        EXPECT(cpu_matmul_h(&bw, x, M, ref) == 0, "cpu matmul failed");
         CK(cudaMemset(dy, 0xff, (size_t)M * rowsz));
         CK(kn_matmul(&kw, dx, M, dy, NULL));
         dev_download(y, dy, (size_t)M * rowsz);
@@ -298,7 +325,7 @@ static void test_blaslt(void) {
         }
         float *ref = xmalloc((size_t)T * rows * 4), *y = xmalloc((size_t)T * rows * 4), *y2 = xmalloc((size_t)T * rows * 4);
         const bk_weight bw = {BK_W_BF16, rows, cols, hw, (size_t)cols * 2, NULL};
-        EXPECT(g_cpu->ops->matmul(g_cpu->ctx, &bw, xr, T, ref) == 0, "cpu matmul failed");
+        EXPECT(cpu_matmul_h(&bw, xr, T, ref) == 0, "cpu matmul failed");
         void *dw = dev_upload(hw, (size_t)rows * cols * 2);
         float *dx = dev_upload(x, (size_t)T * cols * 4), *dy = dev_alloc((size_t)T * rows * 4);
         uint16_t *dxb = dev_alloc((size_t)T * cols * 2);
@@ -348,7 +375,7 @@ static void test_embed(void) {
             CK(kn_embed(&kw, did, M, dout, dflag, NULL));
             dev_download(out, dout, (size_t)M * cols * 4);
             dev_download(&flag, dflag, 4);
-            EXPECT(g_cpu->ops->embed(g_cpu->ctx, &bw, ids, M, ref) == 0, "cpu embed failed");
+            EXPECT(cpu_embed_h(&bw, ids, M, ref) == 0, "cpu embed failed");
             EXPECT(!memcmp(out, ref, (size_t)M * cols * 4), "embed %s M=%d: not bit-identical to the CPU", wname((kn_wtype)t), M);
             EXPECT(flag == 0, "embed %s M=%d: bad-id flag %d with valid ids", wname((kn_wtype)t), M, flag);
         }
@@ -390,7 +417,7 @@ static void test_rmsnorm(void) {
         double worst = 0, worst_add = 0;
         for (int mi = 0; mi < NM; mi++) {
             const int32_t M = MS[mi];
-            g_cpu->ops->rmsnorm(g_cpu->ctx, x, g, M, dim, eps, ref);
+            cpu_rmsnorm_h(x, g, M, dim, eps, ref);
             CK(kn_rmsnorm(dx, dg, M, dim, eps, dout, NULL));
             dev_download(out, dout, (size_t)M * dim * 4);
             const double e = kn_nmse(out, ref, (size_t)M * dim);
@@ -408,8 +435,8 @@ static void test_rmsnorm(void) {
             const int32_t M = MS[mi];
             const size_t m = (size_t)M * dim;
             memcpy(xr, x, m * 4);
-            g_cpu->ops->add(g_cpu->ctx, xr, r, (int64_t)m);
-            g_cpu->ops->rmsnorm(g_cpu->ctx, xr, g, M, dim, eps, ref);
+            cpu_add_h(xr, r, (int64_t)m);
+            cpu_rmsnorm_h(xr, g, M, dim, eps, ref);
             CK(cudaMemcpy(dxr, x, m * 4, cudaMemcpyHostToDevice));
             CK(kn_add_rmsnorm(dxr, dr, dg, M, dim, eps, dout, NULL));
             dev_download(out, dout, m * 4);
@@ -471,7 +498,7 @@ static void test_rope(void) {
                 const int32_t M = MS[mi];
                 const size_t m = (size_t)M * row;
                 memcpy(ref, x, m * 4);
-                g_cpu->ops->rope(g_cpu->ctx, ref, M, H, D, R, pos, inv, cs[c].mscale, neox);
+                cpu_rope_h(ref, M, H, D, R, pos, inv, cs[c].mscale, neox);
                 CK(cudaMemcpy(dx, x, m * 4, cudaMemcpyHostToDevice));
                 CK(kn_rope(dx, M, H, D, R, dpos, dinv, cs[c].mscale, neox, NULL));
                 dev_download(out, dx, m * 4);
@@ -514,7 +541,7 @@ static void test_elementwise(void) {
     dev_download(all, dout, N * 4);
     for (int mi = 0; mi < NM; mi++) {
         const size_t m = (size_t)MS[mi] * n;
-        g_cpu->ops->silu_mul(g_cpu->ctx, a, b, (int64_t)m, ref);
+        cpu_silu_h(a, b, (int64_t)m, ref);
         CK(kn_silu_mul(da, db, (int64_t)m, dout, NULL));
         dev_download(out, dout, m * 4);
         const double e = kn_nmse(out, ref, m);
@@ -523,14 +550,14 @@ static void test_elementwise(void) {
         EXPECT(!memcmp(out, all, m * 4), "silu_mul M=%d: != rows of T=128", MS[mi]);
         /* add: bitwise the CPU's */
         memcpy(ref, a, m * 4);
-        g_cpu->ops->add(g_cpu->ctx, ref, b, (int64_t)m);
+        cpu_add_h(ref, b, (int64_t)m);
         CK(cudaMemcpy(dout, a, m * 4, cudaMemcpyHostToDevice));
         CK(kn_add(dout, db, (int64_t)m, NULL));
         dev_download(out, dout, m * 4);
         EXPECT(!memcmp(out, ref, m * 4), "add M=%d: not bit-identical to the CPU", MS[mi]);
         /* bias: the CPU add of the bias row onto each row */
         memcpy(ref, a, m * 4);
-        for (int32_t t = 0; t < MS[mi]; t++) g_cpu->ops->add(g_cpu->ctx, ref + (size_t)t * n, bias, n);
+        for (int32_t t = 0; t < MS[mi]; t++) cpu_add_h(ref + (size_t)t * n, bias, n);
         CK(cudaMemcpy(dout, a, m * 4, cudaMemcpyHostToDevice));
         CK(kn_add_bias(dout, dbias, MS[mi], n, NULL));
         dev_download(out, dout, m * 4);

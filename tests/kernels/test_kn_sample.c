@@ -12,7 +12,7 @@
  *  1. device Philox == host Philox, bitwise (kn_philox_uniforms);
  *  2. kn_sample vs sampler_probs + sampler_draw(p, kn_philox_uniform(seed,
  *     pos, 0)) (greedy: sampler_sample), 9 parameter sets x 8 rows x vocab
- *     {1000, 49152}: the same token on every row; the processed distribution
+ *     {100, 1000, 49152}: the same token on every row; the processed distribution
  *     has the same support and max |p_gpu - p_cpu| <= 1e-6 (f32 expf and a
  *     different double-sum order: a few ulps); each row alone (n_rows = 1)
  *     gives the same bits as inside the batch. The logits sit on a 1/16 grid
@@ -489,6 +489,7 @@ int main(void) {
     }
     kn_harness_require_gpu();
     test_philox_device();
+    test_sampler(100); /* fewer ids than threads */
     test_sampler(1000);
     test_sampler(49152);
     test_verify_exact(1);

@@ -65,6 +65,11 @@ static inline json_t *kc_fixture(const char *file) {
     return root;
 }
 
+/* When set (tests/kimi_c/test_tp.c), kc_run goes through this tensor-parallel
+ * runner (rank 0 posts the batch to the worker ranks, then runs its shard). */
+static void *kc_tp_runner;
+int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err); /* engine/runtime/tp.h */
+
 /* Runs tokens ids[0..n) at positions p0.. of sequence s in one step; logits
  * (may be NULL) get all n rows [n, V]; aux/n_aux/aux_layers optional. */
 static inline int kc_run(model *m, int s, const int32_t *ids, int n, int p0, float *logits, float *final_hidden,
@@ -77,7 +82,7 @@ static inline int kc_run(model *m, int s, const int32_t *ids, int n, int p0, flo
                      .n_out = n, .out_idx = oi, .logits = logits, .final_hidden = final_hidden,
                      .n_aux = n_aux, .aux_layers = aux_layers, .aux = aux};
     specd_err err = {{0}};
-    int rc = model_forward(m, &b, &err);
+    int rc = kc_tp_runner ? tp_runner_forward(kc_tp_runner, &b, &err) : model_forward(m, &b, &err);
     if (rc < 0) fprintf(stderr, "model_forward: %s\n", err.msg);
     free(pos); free(seq); free(oi);
     return rc;

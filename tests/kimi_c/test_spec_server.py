@@ -110,7 +110,10 @@ def ask(srv, msgs):
     assert st == 200, (st, body[:300])
     r = json.loads(body)
     c = r["choices"][0]
-    return c["message"]["content"], c["finish_reason"], r["usage"]["prompt_tokens"], r["usage"]["completion_tokens"]
+    # the K2.5 template thinks by default: the text is split into reasoning_content and content (issue 21);
+    # both are compared
+    text = repr((c["message"].get("reasoning_content"), c["message"]["content"]))
+    return text, c["finish_reason"], r["usage"]["prompt_tokens"], r["usage"]["completion_tokens"]
 
 
 def concurrent(srv):

@@ -76,7 +76,7 @@ static void test_plain_and_special(void **st) {
 }
 
 static int chat_ids(const json_t *msgs, int thinking, bool gen, const char *def_sys, int32_t **ids, size_t *n) {
-    chat_message m[32];
+    chat_message m[32] = {{0}};
     const size_t nm = json_array_size(msgs);
     assert_true(nm <= 32);
     for (size_t i = 0; i < nm; i++) {

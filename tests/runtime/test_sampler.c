@@ -404,8 +404,73 @@ static void test_accept_rule_exhaustive(void **st) {
     sampler_work_destroy(w);
 }
 
+/* logit_bias (step 3b) and the test-only forced output (3c), against a
+ * logits row biased by hand (the reference never passes the bias to the sampler). */
+static void test_logit_bias_and_forced(void **st) {
+    (void)st;
+    enum { V = 64 };
+    sampler_work *w = sampler_work_create(V);
+    float logits[V], biased[V], p1[V], p2[V];
+    sampler_rng rng;
+    sampler_rng_seed(&rng, 7);
+    for (int i = 0; i < V; i++) logits[i] = (float)(sampler_rng_uniform(&rng) * 8.0 - 4.0);
+    int32_t a = sampler_argmax(logits, V);
+    int32_t second = a == 0 ? 1 : 0;
+    for (int i = 0; i < V; i++)
+        if (i != a && logits[i] > logits[second]) second = i;
+    sampling_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.top_p = 1.0f;
+    sp.top_k = -1;
+    sp.repetition_penalty = 1.0f;
+    int32_t ids[3] = {a, 5, 9};
+    float bias[3] = {-100.0f, 2.5f, -0.75f};
+    sp.logit_bias_ids = ids;
+    sp.logit_bias = bias;
+    sp.n_logit_bias = 3;
+    sampler_hist h = {0};
+    memcpy(biased, logits, sizeof biased);
+    for (int k = 0; k < 3; k++) biased[ids[k]] += bias[k];
+    /* greedy: the argmax of the hand-biased row (the runner-up unless 5 or 9 overtook it) */
+    assert_int_equal(sampler_sample(w, &sp, &h, &rng, logits), sampler_argmax(biased, V));
+    if (second != 5 && second != 9 && biased[second] > biased[5] && biased[second] > biased[9])
+        assert_int_equal(sampler_sample(w, &sp, &h, &rng, logits), second);
+    /* +100 wins whatever the row */
+    bias[0] = 100.0f;
+    ids[0] = second;
+    assert_int_equal(sampler_sample(w, &sp, &h, &rng, logits), second);
+    /* sampling: the processed distribution is the one of the hand-biased row */
+    sp.temperature = 0.7f;
+    sp.top_k = 20;
+    sp.top_p = 0.9f;
+    bias[0] = -1.25f;
+    memcpy(biased, logits, sizeof biased);
+    for (int k = 0; k < 3; k++) biased[ids[k]] += bias[k];
+    sampler_probs(w, &sp, &h, logits, p1);
+    sampling_params plain = sp;
+    plain.n_logit_bias = 0;
+    sampler_probs(w, &plain, &h, biased, p2);
+    for (int i = 0; i < V; i++) assert_true(p1[i] == p2[i]);
+    /* forced output: token j < n_forced is forced_ids[j], greedy or not, then the normal rule again */
+    int32_t forced[2] = {11, 12};
+    sp.forced_ids = forced;
+    sp.n_forced_ids = 2;
+    int32_t out[2] = {0};
+    for (size_t j = 0; j < 2; j++) {
+        h.output = out;
+        h.n_output = j;
+        assert_int_equal(sampler_sample(w, &sp, &h, &rng, logits), forced[j]);
+        out[j] = forced[j];
+    }
+    h.n_output = 2;
+    sp.temperature = 0.0f;
+    assert_int_equal(sampler_sample(w, &sp, &h, &rng, logits), sampler_argmax(biased, V));
+    sampler_work_destroy(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logit_bias_and_forced),
         cmocka_unit_test(test_rng_reference),   cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_greedy_ties_and_draw), cmocka_unit_test(test_temperature_and_filters),
         cmocka_unit_test(test_logprobs),        cmocka_unit_test(test_sampling_distribution),

@@ -5,7 +5,9 @@
  * through the context check and the response/SSE builders, and rejected ones
  * through the error body. The invariants checked by the sanitizers: no crash,
  * no leak, no out-of-bounds access, and a rejected request is 400/500 with a
- * non-empty message.
+ * non-empty message. The input is also taken as model output through the
+ * chat output parser (oai_tools.c) with every reasoning / tools setting, in
+ * one piece and in 3-byte pieces: the two results must be identical.
  *
  *   cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSPECD_FUZZ=ON
  *   cmake --build build-fuzz --target fuzz_oai
@@ -33,7 +35,41 @@ void sampling_params_init(sampling_params *sp) {
     sp->num_speculative_tokens = -1;
 }
 
+/* Parses TEXT fed in pieces of STEP bytes (0 = whole) into *D. */
+static void parse_pieces(const char *text, size_t n, bool reasoning, bool tools, size_t step, oai_parsed *d) {
+    oai_outparse p;
+    if (oai_outparse_init(&p, reasoning, tools, NULL, 0)) abort();
+    size_t at = 0;
+    do {
+        size_t k = step && n - at > step ? step : n - at;
+        if (oai_outparse_feed(&p, text + at, k, at + k == n, d)) abort();
+        at += k;
+    } while (at < n);
+    oai_outparse_free(&p);
+}
+
+static bool same(const char *a, size_t al, const char *b, size_t bl) { return al == bl && (!al || !memcmp(a, b, al)); }
+
+static void fuzz_output_parser(const char *text, size_t n) {
+    for (int mode = 0; mode < 4; mode++) {
+        oai_parsed whole = {0}, split = {0};
+        parse_pieces(text, n, mode & 1, mode & 2, 0, &whole);
+        parse_pieces(text, n, mode & 1, mode & 2, 3, &split);
+        if (!same(whole.reasoning, whole.reasoning_len, split.reasoning, split.reasoning_len) ||
+            !same(whole.content, whole.content_len, split.content, split.content_len) || whole.n_calls != split.n_calls)
+            abort();
+        for (size_t i = 0; i < whole.n_calls; i++)
+            if (strcmp(whole.calls[i].id, split.calls[i].id) || strcmp(whole.calls[i].arguments, split.calls[i].arguments))
+                abort();
+        /* nothing is lost: every byte lands in reasoning, content or a call (markers aside) */
+        if (whole.reasoning_len + whole.content_len > n) abort();
+        oai_parsed_free(&whole);
+        oai_parsed_free(&split);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_output_parser((const char *)data, size);
     for (int k = 0; k < 2; k++) {
         oai_request r;
         oai_error e;

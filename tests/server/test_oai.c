@@ -54,12 +54,12 @@ static const bad_case BAD[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": -3}", "max_tokens", "at least 1"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": \"10\"}", "max_tokens", "must be an integer"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", "max_tokens", "must be an integer"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "n", "'n' must be in [1, 128]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", "n", "\'n\' is out of range: must be in [1, 128]"},
     {OAI_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 64}", "n", "3 prompts x n = 64 is 192 choices"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -0.1}", "temperature", "'temperature' must be in [0"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -0.1}", "temperature", "\'temperature\' is out of range: must be in [0"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"hot\"}", "temperature", "must be a number"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", "top_p", "'top_p' must be in (0, 1]"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1.01}", "top_p", "'top_p' must be in (0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", "top_p", "\'top_p\' is out of range: must be in (0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1.01}", "top_p", "\'top_p\' is out of range: must be in (0, 1]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 21}", "logprobs", "at most 20"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": -1}", "logprobs", "must be in [0"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 7}", "stop", "string or an array of strings"},
@@ -101,7 +101,7 @@ static const bad_case BAD[] = {
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0}", "max_tokens",
      "at least 1"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": -1}",
-     "max_tokens", "at least 1"},
+     "max_completion_tokens", "'max_completion_tokens' must be at least 1"},
 };
 
 static void test_bad_inputs(void **state) {
@@ -181,7 +181,7 @@ static void test_completion_good(void **state) {
         "\"min_p\":0.05,\"seed\":1234,\"stop\":[\"\\n\",\"END\"],\"stop_token_ids\":[2,3],\"n\":2,\"logprobs\":3,"
         "\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"ignore_eos\":true,"
         "\"min_tokens\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"user\":\"u\","
-        "\"skip_special_tokens\":false,\"some_vendor_extra\":{\"x\":1}}";
+        "\"skip_special_tokens\":false}";
     assert_int_equal(parse_c(body, &r, &e), 0);
     assert_int_equal(r.kind, OAI_COMPLETION);
     assert_string_equal(r.model, "m");
@@ -411,7 +411,7 @@ static void test_response_shapes(void **state) {
     o.n_completion_tokens = 4;
     assert_int_equal(oai_choice_add(&ch[1], &o), 0);
     char *j = oai_response_json(&rc, ch, 2, 3, NULL);
-    assert_string_equal(j, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"m\","
+    assert_string_equal(j, "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"text\":\"Hello\",\"logprobs\":null,\"finish_reason\":\"length\","
                            "\"stop_reason\":null},{\"index\":1,\"text\":\" world\",\"logprobs\":null,\"finish_reason\":"
                            "\"stop\",\"stop_reason\":\"END\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":6,"
@@ -421,7 +421,7 @@ static void test_response_shapes(void **state) {
     rc.id = "chatcmpl-1";
     j = oai_response_json(&rc, ch, 1, 3, NULL);
     assert_string_equal(j, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":1700000000,\"model\":"
-                           "\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\"},"
+                           "\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hello\"},"
                            "\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
                            "\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}");
     free(j);
@@ -451,7 +451,7 @@ static void test_echo_logprobs_shape(void **state) {
     oai_resp_ctx rc = {.kind = OAI_COMPLETION, .id = "c", .created = 1, .model = "m", .logprobs = 1,
                        .token_bytes = fake_tok};
     char *j = oai_response_json(&rc, &c, 1, 2, NULL);
-    assert_string_equal(j, "{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"choices\":[{"
+    assert_string_equal(j, "{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\",\"choices\":[{"
                            "\"index\":0,\"text\":\"Hello!\",\"logprobs\":{\"tokens\":[\"Hel\",\"lo\",\"!\"],"
                            "\"token_logprobs\":[null,-2.0,-0.5],\"top_logprobs\":[null,{\"lo\":-2.0},{\"!\":-0.5}],"
                            "\"text_offset\":[0,3,5]},\"finish_reason\":\"length\",\"stop_reason\":null}],\"usage\":{"
@@ -465,24 +465,24 @@ static void test_sse_frames(void **state) {
     oai_resp_ctx rc = {.kind = OAI_CHAT, .id = "c", .created = 1, .model = "m", .logprobs = -1};
     size_t len;
     char *f = oai_chunk_sse(&rc, 0, "", 0, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, true, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":"
                            "null,\"finish_reason\":null}]}\n\n");
     assert_int_equal(len, strlen(f));
     free(f);
     f = oai_chunk_sse(&rc, 1, "Hi", 2, NULL, NULL, 0, 0, FINISH_STOP, "", 2, false, true, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":1,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,"
                            "\"finish_reason\":\"stop\",\"stop_reason\":2}],\"usage\":null}\n\n");
     free(f);
     f = oai_usage_sse(&rc, 4, 5, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":5,\"total_tokens\":9}}"
                            "\n\n");
     free(f);
     rc.kind = OAI_COMPLETION;
     f = oai_chunk_sse(&rc, 0, "a\"b", 3, NULL, NULL, 0, 0, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"text\":\"a\\\"b\",\"logprobs\":null,\"finish_reason\":null}]}"
                            "\n\n");
     free(f);
@@ -506,14 +506,14 @@ static void test_logprobs_shapes(void **state) {
                        .token_bytes = fake_tok};
     size_t len;
     char *f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 2, 10, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\","
-                           "\"choices\":[{\"index\":0,\"text\":\"Hel\",\"logprobs\":{\"tokens\":[\"Hel\",\"\xEF\xBF\xBD\xEF\xBF\xBD\"],"
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
+                           "\"choices\":[{\"index\":0,\"text\":\"Hel\",\"logprobs\":{\"tokens\":[\"Hel\",\"bytes:\\\\xe2\\\\x82\"],"
                            "\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":[{\"Hel\":-0.5,\"lo\":-1.0},"
-                           "{\"\xEF\xBF\xBD\xEF\xBF\xBD\":-0.25}],\"text_offset\":[10,13]},\"finish_reason\":null}]}\n\n");
+                           "{\"bytes:\\\\xe2\\\\x82\":-0.25}],\"text_offset\":[10,13]},\"finish_reason\":null}]}\n\n");
     free(f);
     rc.kind = OAI_CHAT;
     f = oai_chunk_sse(&rc, 0, "Hel", 3, ids, lp, 1, 0, FINISH_NONE, NULL, -1, false, false, &len);
-    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+    assert_string_equal(f, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"system_fingerprint\":\"" OAI_SYSTEM_FINGERPRINT "\","
                            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"logprobs\":{\"content\":[{"
                            "\"token\":\"Hel\",\"logprob\":-0.5,\"bytes\":[72,101,108],\"top_logprobs\":[{\"token\":"
                            "\"Hel\",\"logprob\":-0.5,\"bytes\":[72,101,108]},{\"token\":\"lo\",\"logprob\":-1.0,"
@@ -521,8 +521,97 @@ static void test_logprobs_shapes(void **state) {
     free(f);
 }
 
+/* ---- the output parser (oai_tools.c) ---- */
+typedef struct parsed_all {
+    char reasoning[512], content[512], calls[512];
+    size_t n_calls;
+} parsed_all;
+
+static void collect(parsed_all *a, const oai_parsed *d) {
+    strncat(a->reasoning, d->reasoning ? d->reasoning : "", sizeof a->reasoning - strlen(a->reasoning) - 1);
+    strncat(a->content, d->content ? d->content : "", sizeof a->content - strlen(a->content) - 1);
+    for (size_t i = 0; i < d->n_calls; i++) {
+        char one[200];
+        snprintf(one, sizeof one, "[%s|%s|%s]", d->calls[i].id, d->calls[i].name, d->calls[i].arguments);
+        strncat(a->calls, one, sizeof a->calls - strlen(a->calls) - 1);
+    }
+    a->n_calls += d->n_calls;
+}
+
+/* Feeds TEXT in pieces of STEP bytes (0 = all at once), final on the last. */
+static parsed_all run_parser(const char *text, bool reasoning, bool tools, size_t step) {
+    parsed_all a;
+    memset(&a, 0, sizeof a);
+    oai_outparse p;
+    assert_int_equal(oai_outparse_init(&p, reasoning, tools, NULL, 0), 0);
+    size_t n = strlen(text), at = 0;
+    do {
+        size_t k = step && n - at > step ? step : n - at;
+        oai_parsed d = {0};
+        assert_int_equal(oai_outparse_feed(&p, text + at, k, at + k == n, &d), 0);
+        collect(&a, &d);
+        oai_parsed_free(&d);
+        at += k;
+    } while (at < n);
+    oai_outparse_free(&p);
+    return a;
+}
+
+static void test_outparse_split_feeds(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        bool reasoning, tools;
+        const char *reasoning_want, *content_want, *calls_want;
+    } cases[] = {
+        {"<think>a<b</think>c<|tool", true, false, "a<b", "c<|tool", ""},
+        {"plan</thi", true, true, "plan</thi", "", ""},
+        {"x</think>y<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+         "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>", true, true, "x", "y", "[functions.f:0|f|{\"a\": 1}]"},
+        {"hi <|tool_calls_section_begin|> <|tool_call_begin|>g:3<|tool_call_argument_begin|>{}<|tool_call_end|>"
+         "<|tool_call_begin|>functions.h:1<|tool_call_argument_begin|>[]<|tool_call_end|>", false, true, "",
+         "hi <|tool_call_begin|>functions.h:1<|tool_call_argument_begin|>[]<|tool_call_end|>", "[g:3|g|{}]"},
+        {"<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\"", false,
+         true, "", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\"", ""},
+        {"a <|tool_calls_section_begin|>b", false, false, "", "a <|tool_calls_section_begin|>b", ""},
+        {"<|tool_calls_sec", false, true, "", "<|tool_calls_sec", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        parsed_all whole = run_parser(cases[i].text, cases[i].reasoning, cases[i].tools, 0);
+        if (strcmp(whole.reasoning, cases[i].reasoning_want) || strcmp(whole.content, cases[i].content_want) ||
+            strcmp(whole.calls, cases[i].calls_want))
+            fail_msg("case %zu: reasoning [%s] content [%s] calls [%s]", i, whole.reasoning, whole.content,
+                     whole.calls);
+        for (size_t step = 1; step <= 7; step++) { /* markers split across feeds: the same result */
+            parsed_all part = run_parser(cases[i].text, cases[i].reasoning, cases[i].tools, step);
+            if (memcmp(&part, &whole, sizeof whole))
+                fail_msg("case %zu step %zu: reasoning [%s] content [%s] calls [%s]", i, step, part.reasoning,
+                         part.content, part.calls);
+        }
+    }
+}
+
+/* Streaming holds back a possible marker start and nothing else. */
+static void test_outparse_holdback(void **state) {
+    (void)state;
+    oai_outparse p;
+    assert_int_equal(oai_outparse_init(&p, true, true, NULL, 0), 0);
+    oai_parsed d = {0};
+    assert_int_equal(oai_outparse_feed(&p, "<thi", 4, false, &d), 0);
+    assert_int_equal(d.reasoning_len + d.content_len, 0);
+    assert_int_equal(oai_outparse_feed(&p, "nk>abc</th", 10, false, &d), 0);
+    assert_string_equal(d.reasoning, "abc");
+    assert_int_equal(oai_outparse_feed(&p, "ink>ok <|tool_c", 15, false, &d), 0);
+    assert_string_equal(d.content, "ok ");
+    assert_int_equal(oai_outparse_feed(&p, "", 0, true, &d), 0);
+    assert_string_equal(d.content, "ok <|tool_c");
+    oai_parsed_free(&d);
+    oai_outparse_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_outparse_split_feeds), cmocka_unit_test(test_outparse_holdback),
         cmocka_unit_test(test_bad_inputs),        cmocka_unit_test(test_invalid_utf8_body),
         cmocka_unit_test(test_utf8_validator),    cmocka_unit_test(test_completion_good),
         cmocka_unit_test(test_completion_defaults), cmocka_unit_test(test_prompt_forms),

@@ -142,6 +142,18 @@ def test_memory_per_rank(tp1, tp3):
     print(f"RSS TP 1: {r1 / 1024:.1f} MiB; TP 3 ranks 0/1/2: " + " / ".join(f"{x / 1024:.1f}" for x in rs) + " MiB")
     # a worker holds a third of the layers plus the replicated embedding: clearly less than the whole model
     assert max(rs[1:]) < 0.8 * r1, (r1, rs)
+    m1, m3 = tp1.metrics(), tp3.metrics()
+    w1 = m1['specd_rank_weight_bytes{rank="0"}']
+    w3 = [m3[f'specd_rank_weight_bytes{{rank="{r}"}}'] for r in range(3)]
+    kv3 = [m3[f'specd_rank_kv_cache_bytes{{rank="{r}"}}'] for r in range(3)]
+    print(f"/metrics weights TP 1: {w1 / 2**20:.1f} MiB; TP 3 per rank: " + " / ".join(f"{x / 2**20:.1f}" for x in w3)
+          + " MiB; KV per rank " + " / ".join(f"{x / 2**20:.1f}" for x in kv3) + " MiB")
+    assert len(set(w3)) == 1 and w3[0] < w1
+    # the layers split 3 ways; the embedding (tied LM head, a view) is replicated
+    # --kv-cache-memory is per rank: a rank's pool has the same bytes (whole blocks of its KV heads) and so
+    # holds 3x the tokens
+    kv1 = m1['specd_rank_kv_cache_bytes{rank="0"}']
+    assert len(set(kv3)) == 1 and abs(kv3[0] - kv1) < 0.03 * kv1, (kv1, kv3)
 
 
 def test_tp2_refused():

@@ -90,7 +90,9 @@
 #include <cmocka.h>
 
 #include "draft/eagle3.h"
+#include "engine/comm/ranks.h"
 #include "engine/runtime/engine_ex.h"
+#include "engine/runtime/tp.h"
 #include "engine/runtime/sampler.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -114,6 +116,11 @@ _Static_assert(NREQ % BATCH == 0, "NREQ must be whole batches");
 
 static backend *g_be;
 static model *g_model;
+static int g_tp;                /* TP ranks (0: no tensor parallelism) */
+static ranks *g_rk;
+static model_comm g_tp_comm;
+static tp_runner g_tp_run;
+static const char *g_self;
 static tokenizer *g_tok;
 static int32_t g_V;
 static char g_head[1200];
@@ -221,7 +228,8 @@ static void ref_probs(sampler_work *w, const sampling_params *sp, const int32_t 
     model_batch b = {.n_tokens = NP + n_out, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = 1,
                      .block_tables = tables, .n_out = 1, .out_idx = &last, .logits = logits};
     specd_err err = {0};
-    if (model_forward(g_model, &b, &err) != 0) fail_msg("reference forward: %s", err.msg);
+    if ((g_tp ? tp_runner_forward(&g_tp_run, &b, &err) : model_forward(g_model, &b, &err)) != 0)
+        fail_msg("reference forward: %s", err.msg);
     sampler_hist h = {.prompt = g_prompt, .n_prompt = NP, .output = out, .n_output = (size_t)n_out};
     sampler_probs(w, sp, &h, logits, p);
 }
@@ -288,6 +296,33 @@ static void greedy_reference(int32_t *out) {
 
 /* ---------------------------------------------------------------- setup */
 
+/* SPECD_TEST_TP=N (> 1): the target tensor-parallel over N rank processes
+ * (this binary re-executed with --tp-worker; engine/comm/ranks.h), every
+ * forward (the reference enumeration's and the engine's) through rank 0's
+ * tp_runner_forward; the draft whole on rank 0, as `specd serve` runs it. */
+static int tp_worker_main(int argc, char **argv) {
+    ranks_worker w;
+    specd_err err = {0};
+    comm *c = NULL;
+    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 3 || ranks_worker_attach(&w, &c, &err) < 0) {
+        fprintf(stderr, "tp worker: %s\n", err.msg);
+        return 1;
+    }
+    model_comm mc;
+    tp_model_comm_shm(c, &mc);
+    backend *be = bk_cpu_create(1);
+    model_load_opts mo = {.block_size = BS, .n_blocks = 2 * BATCH + 16, .tp = &mc};
+    model *m = NULL;
+    int rc = 1;
+    if (model_load(argv[2], be, &mo, &m, &err) != 0) comm_abort(c, err.msg);
+    else if (tp_worker_run(c, m, &err) == 0) rc = 0;
+    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
+    model_destroy(m);
+    bk_cpu_destroy(be);
+    comm_destroy(c);
+    return rc;
+}
+
 static int setup(void **state) {
     (void)state;
     const char *dir = getenv("SPECD_SAMPLING_FIXTURE_DIR");
@@ -300,19 +335,39 @@ static int setup(void **state) {
         exit(77);
     }
     specd_err err = {0};
+    const char *tpe = getenv("SPECD_TEST_TP");
+    g_tp = tpe ? atoi(tpe) : 1;
+    if (g_tp > 1) {
+        const char *argv[] = {g_self, "--tp-worker", target, NULL};
+        ranks_config rc = {.world = g_tp, .worker_argv = argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
+        if (ranks_launch(&rc, &g_rk, &err) < 0) {
+            fprintf(stderr, "ranks_launch: %s\n", err.msg);
+            return -1;
+        }
+        tp_model_comm_shm(ranks_comm(g_rk), &g_tp_comm);
+        printf("target tensor-parallel over %d rank processes\n", g_tp);
+    } else {
+        g_tp = 0;
+    }
     g_be = bk_cpu_create(1);
-    model_load_opts mo = {.block_size = BS, .n_blocks = 2 * BATCH + 16};
+    model_load_opts mo = {.block_size = BS, .n_blocks = 2 * BATCH + 16, .tp = g_tp ? &g_tp_comm : NULL};
     if (!g_be || model_load(target, g_be, &mo, &g_model, &err) != 0 || tok_create_from_dir(target, &g_tok, &err) != 0) {
         fprintf(stderr, "load %s: %s\n", target, err.msg);
         return -1;
     }
     g_V = model_get_config(g_model)->vocab;
+    if (g_tp) g_tp_run = (tp_runner){g_model, ranks_comm(g_rk)};
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
     tok_destroy(g_tok);
+    if (g_rk) {
+        specd_err err = {0};
+        if (ranks_shutdown(g_rk, 10000, &err) < 0) fprintf(stderr, "ranks_shutdown: %s\n", err.msg);
+        ranks_destroy(g_rk);
+    }
     model_destroy(g_model);
     if (g_be) bk_cpu_destroy(g_be);
     return 0;
@@ -339,6 +394,7 @@ static void run_mode(bool spec, table *tb[NSET][3], const int32_t *greedy, engin
     engine_config cfg = {.max_model_len = 64, .max_num_seqs = BATCH, .max_num_batched_tokens = 1024,
                          .max_waiting = 4 * BATCH, .enable_prefix_caching = false,
                          .num_speculative_tokens = spec ? K : 0};
+    if (g_tp) cfg.forward = tp_runner_forward, cfg.forward_ctx = &g_tp_run;
     engine *e = NULL;
     if (engine_create(&cfg, g_model, g_tok, &e, &err) != 0) fail_msg("engine_create: %s", err.msg);
     if (spec) {
@@ -458,7 +514,9 @@ static void test_sampling_e2e(void **state) {
     if (bad) fail_msg("a p-value is at or below alpha = %.3g (1e-6 / %d tables)", ALPHA, N_TABLES);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return tp_worker_main(argc, argv);
+    g_self = argv[0];
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sampling_e2e)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -86,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *content = malloc(size + 1);
     memcpy(content, data, size);
     content[size] = '\0';
-    chat_message m[2] = {{"user", content, NULL}, {"assistant", content, NULL}};
+    chat_message m[2] = {{.role = "user", .content = content}, {.role = "assistant", .content = content}};
     chat_options opt = {.add_generation_prompt = true, .thinking = -1};
     char *text;
     size_t tl, n;

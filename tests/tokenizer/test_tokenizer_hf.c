@@ -124,7 +124,7 @@ static void tokenizer_hf_json_smollm2_matches_hf_and_gguf(void **state) {
     json_array_foreach(json_object_get(CHAT, "conversations"), i, it) {
         const json_t *ms = json_object_get(it, "messages");
         size_t n = json_array_size(ms), len;
-        chat_message m[8];
+        chat_message m[8] = {{0}};
         for (size_t k = 0; k < n && k < 8; k++) {
             m[k].role = json_string_value(json_object_get(json_array_get(ms, k), "role"));
             m[k].content = json_string_value(json_object_get(json_array_get(ms, k), "content"));

@@ -133,7 +133,7 @@ static void check_conversations(tokenizer *t, const json_t *convs, const char *w
     json_array_foreach(convs, i, c) {
         const json_t *ms = json_object_get(c, "messages");
         size_t n = json_array_size(ms), len, nid, nw;
-        chat_message m[16];
+        chat_message m[16] = {{0}};
         assert_true(n <= 16);
         for (size_t k = 0; k < n; k++) {
             const json_t *jm = json_array_get(ms, k);
@@ -194,8 +194,8 @@ static void tokenizer_kimi_chat_k2_template(void **state) {
     assert_string_equal(t->default_system, "You are a helpful assistant");
     assert_false(t->chat_think);
     check_conversations(t, json_object_get(json_object_get(CHAT, "k2"), "conversations"), "K2");
-    /* a tool result needs tool_call_id rendering specd does not do: refused */
-    chat_message tm[2] = {{"user", "x", NULL}, {"tool", "{}", NULL}};
+    /* a tool result without tool_call_id: refused */
+    chat_message tm[2] = {{.role = "user", .content = "x"}, {.role = "tool", .content = "{}"}};
     chat_options opt = {.thinking = -1};
     char *text;
     size_t len;

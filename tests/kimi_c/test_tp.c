@@ -1,0 +1,152 @@
+/*
+ * test_tp.c (kimi_c_tp): DeepSeek-V3 / Kimi-K2.5 tensor-parallel on the CPU
+ * with real rank processes (engine/comm shm group, this binary re-executed as
+ * the workers) on the seed-0 Kimi miniature (4 MLA heads, 16 int4 routed
+ * experts of width 64, 1 shared expert), against transformers + compressed-
+ * tensors (tests/fixtures/kimi/mini_logits.json), the same bounds as
+ * kimi_c_logits at TP 1:
+ *   - TP 2 (2 heads per rank, latent replicated, every expert split inside:
+ *     32 of its 64 columns per rank): top-5 ids identical and max |diff| <=
+ *     2e-3 x max|logit| at every stored position of the 4 prompts; the greedy
+ *     continuations through the paged latent cache identical; a second
+ *     identical pass bit-identical;
+ *   - TP 4 is refused with the reason: 16 expert columns per rank would cut
+ *     the int4 experts' 32-value groups.
+ * Workers: `kimi_c_tp --tp-worker DIR --specd-comm-...` (ranks.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engine/comm/ranks.h"
+#include "engine/runtime/tp.h"
+#include "tests/kimi_c/kimi_c_util.h"
+
+static const char *g_self;
+
+static int worker_main(int argc, char **argv) {
+    ranks_worker w;
+    specd_err err = {{0}};
+    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 3) return 2;
+    comm *c = NULL;
+    if (ranks_worker_attach(&w, &c, &err) < 0) {
+        fprintf(stderr, "worker: %s\n", err.msg);
+        return 1;
+    }
+    model_comm mc;
+    tp_model_comm_shm(c, &mc);
+    backend *be = bk_cpu_create(1);
+    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = &mc};
+    model *m = NULL;
+    int rc = 1;
+    if (model_load(argv[2], be, &o, &m, &err) < 0) comm_abort(c, err.msg);
+    else if (tp_worker_run(c, m, &err) == 0) rc = 0;
+    if (rc) fprintf(stderr, "worker rank %d: %s\n", w.rank, err.msg);
+    model_destroy(m);
+    bk_cpu_destroy(be);
+    comm_destroy(c);
+    return rc;
+}
+
+static void test_tp2(void **st) {
+    (void)st;
+    const char *dir = kc_mini_dir("k25");
+    json_t *fx = kc_fixture("mini_logits.json");
+    specd_err err = {{0}};
+    const char *argv[] = {g_self, "--tp-worker", dir, NULL};
+    ranks_config rc = {.world = 2, .worker_argv = argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
+    ranks *rk = NULL;
+    if (ranks_launch(&rc, &rk, &err) < 0) fail_msg("ranks_launch: %s", err.msg);
+    model_comm mc;
+    tp_model_comm_shm(ranks_comm(rk), &mc);
+    backend *be = bk_cpu_create(1);
+    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = &mc};
+    model *m = NULL;
+    if (model_load(dir, be, &o, &m, &err) < 0) fail_msg("model_load at TP 2: %s", err.msg);
+    tp_runner run = {m, ranks_comm(rk)};
+    kc_tp_runner = &run;
+    const int V = model_get_config(m)->vocab;
+    const json_t *prompts = json_object_get(fx, "prompts"), *sel = json_object_get(fx, "sel_ids");
+    double worst = 0;
+    float *lg = malloc(sizeof(float) * 128 * (size_t)V), *lg2 = malloc(sizeof(float) * 128 * (size_t)V);
+    for (size_t pi = 0; pi < json_array_size(prompts); pi++) {
+        const json_t *pr = json_array_get(prompts, pi);
+        int n;
+        int32_t *ids = kc_ids(json_object_get(pr, "ids"), &n);
+        assert_int_equal(kc_run(m, 0, ids, n, 0, lg2, NULL, 0, NULL, NULL), 0);
+        assert_int_equal(kc_run(m, 0, ids, n, 0, lg, NULL, 0, NULL, NULL), 0);
+        if (memcmp(lg, lg2, sizeof(float) * (size_t)n * V)) fail_msg("prompt %zu: rerun not bit-identical", pi);
+        const json_t *rows = json_object_get(pr, "logits");
+        for (size_t k = 0; k < json_array_size(rows); k++) {
+            const json_t *r = json_array_get(rows, k);
+            const int p = (int)json_integer_value(json_object_get(r, "pos"));
+            const float *row = lg + (size_t)p * V;
+            const json_t *t5 = json_object_get(r, "top5_ids"), *t5v = json_object_get(r, "top5_logits");
+            int top[5];
+            for (int j = 0; j < 5; j++) {
+                int b = -1;
+                for (int i = 0; i < V; i++) {
+                    int used = 0;
+                    for (int u = 0; u < j; u++) used |= top[u] == i;
+                    if (!used && (b < 0 || row[i] > row[b])) b = i;
+                }
+                top[j] = b;
+            }
+            double e = 0;
+            for (int j = 0; j < 5; j++) {
+                const int want = (int)json_integer_value(json_array_get(t5, (size_t)j));
+                if (top[j] != want) fail_msg("prompt %zu pos %d: top-%d id %d, transformers %d", pi, p, j + 1, top[j], want);
+                e = fmax(e, fabs(row[want] - json_number_value(json_array_get(t5v, (size_t)j))));
+            }
+            const json_t *sv = json_object_get(r, "sel_logits");
+            for (size_t j = 0; j < json_array_size(sel); j++)
+                e = fmax(e, fabs(row[json_integer_value(json_array_get(sel, j))] - json_number_value(json_array_get(sv, j))));
+            e /= json_number_value(json_object_get(r, "max_abs_logit"));
+            worst = fmax(worst, e);
+            assert_true(e <= 2e-3);
+        }
+        const json_t *gr = json_object_get(pr, "greedy");
+        int32_t next = kc_argmax(lg + (size_t)(n - 1) * V, V);
+        for (size_t s = 0; s < json_array_size(gr); s++) {
+            const int32_t want = (int32_t)json_integer_value(json_array_get(gr, s));
+            if (next != want) fail_msg("prompt %zu greedy step %zu: %d != transformers %d", pi, s, next, want);
+            assert_int_equal(kc_run(m, 0, &next, 1, n + (int)s, lg, NULL, 0, NULL, NULL), 0);
+            next = kc_argmax(lg, V);
+        }
+        free(ids);
+    }
+    printf("kimi_c_tp: TP 2: 4 prompts: top-5 identical, worst |diff| %.3g of max|logit|, greedy identical, "
+           "reruns bit-identical\n", worst);
+    kc_tp_runner = NULL;
+    if (ranks_shutdown(rk, 10000, &err) < 0) fail_msg("ranks_shutdown: %s", err.msg);
+    ranks_destroy(rk);
+    model_destroy(m);
+    bk_cpu_destroy(be);
+    free(lg);
+    free(lg2);
+    json_decref(fx);
+}
+
+static void test_tp4_refused(void **st) {
+    (void)st;
+    model_comm mc = {.rank = 0, .size = 4};
+    backend *be = bk_cpu_create(1);
+    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = &mc};
+    model *m = NULL;
+    specd_err err = {{0}};
+    assert_int_equal(model_load(kc_mini_dir("k25"), be, &o, &m, &err), -1);
+    printf("TP 4 refused: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "tensor parallel size 4"));
+    assert_non_null(strstr(err.msg, "32-value block"));
+    bk_cpu_destroy(be);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return worker_main(argc, argv);
+    g_self = argv[0];
+    kc_mini_dir("k25");
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_tp4_refused), cmocka_unit_test(test_tp2)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
