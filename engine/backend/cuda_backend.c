@@ -132,6 +132,15 @@ typedef struct cu_ctx {
 
 static size_t cu_round(size_t n) { return (n + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN; }
 
+/* The CUDA current device is per host thread: the model loads on the main
+ * thread and steps on the engine thread, so the entry points each of them
+ * calls first (buf_alloc / weight_place at load; upload / meta_upload per
+ * step) bind the backend's device (a cheap call when already current). */
+static int cu_bind(const cu_ctx *c) {
+    CU_CHECK(cudaSetDevice(c->o.device));
+    return 0;
+}
+
 /* ------------------------------------------------------------ arena allocator */
 
 static int cu_list_push(cu_range **a, size_t *n, size_t *cap, size_t at, cu_range r) {
@@ -204,6 +213,7 @@ static size_t cu_free_total(const cu_ctx *c) {
 
 static void *cu_buf_alloc(void *vctx, size_t bytes) {
     cu_ctx *c = vctx;
+    if (cu_bind(c) < 0) return NULL;
     const size_t off = cu_arena_take(c, bytes);
     if (off == (size_t)-1) {
         size_t largest = 0;
@@ -239,6 +249,7 @@ static void cu_buf_free(void *vctx, void *p) {
 static int cu_upload(void *vctx, void *dst, const void *src_host, size_t bytes) {
     cu_ctx *c = vctx;
     if (!bytes) return 0;
+    if (cu_bind(c) < 0) return -1;
     CU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream));
     return 0;
 }
@@ -269,6 +280,7 @@ static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
     CU_REQUIRE(src->type <= BK_W_Q4_1, "weight [%lld x %lld]: format %d has no CUDA kernel (I4G32 is CPU-only)",
                (long long)src->rows, (long long)src->cols, (int)src->type);
     CU_REQUIRE(src->data && src->rows > 0 && src->cols > 0, "weight_place: empty weight");
+    if (cu_bind(c) < 0) return -1;
     const size_t bytes = (size_t)src->rows * src->row_bytes;
     char *d = cu_buf_alloc(c, bytes);
     if (!d) {
@@ -299,6 +311,7 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     cu_ctx *c = vctx;
     const int32_t T = m->n_tokens, bs = c->o.block_size;
     CU_REQUIRE(!c->meta_live, "meta_upload: the previous step's metadata was not released");
+    if (cu_bind(c) < 0) return -1;
     CU_REQUIRE(T > 0 && T <= c->o.max_tokens, "step of %d tokens; this backend was sized for at most %d (max tokens)",
                T, c->o.max_tokens);
     CU_REQUIRE(m->n_seqs > 0 && m->n_seqs <= c->o.max_seqs,
