@@ -408,16 +408,23 @@ static void test_model(const char *dir) {
         if (fabs(lc[i] - lg[i]) > md) md = fabs(lc[i] - lg[i]);
     }
     int32_t tc[5], tg[5];
-    for (int k = 0; k < 5; k++) { /* top-5 by repeated argmax over a copy */
+    float vc[5], vg[5];
+    for (int k = 0; k < 5; k++) { /* top-5 by repeated argmax, knocking each winner out, then restoring them */
         tc[k] = argmax(lc, V), tg[k] = argmax(lg, V);
-        if (k < 4) { lc[tc[k]] -= 1e30f; lg[tg[k]] -= 1e30f; }
+        vc[k] = lc[tc[k]], vg[k] = lg[tg[k]];
+        lc[tc[k]] = -INFINITY, lg[tg[k]] = -INFINITY;
     }
+    for (int k = 0; k < 5; k++) lc[tc[k]] = vc[k], lg[tg[k]] = vg[k];
     EXPECT(!memcmp(tc, tg, sizeof tc), "%s: top-5 differ (cpu %d %d %d %d %d, gpu %d %d %d %d %d)", dir, tc[0], tc[1],
            tc[2], tc[3], tc[4], tg[0], tg[1], tg[2], tg[3], tg[4]);
     EXPECT(md <= 1e-3 * mx, "%s: max|logit diff| %.3g > 1e-3 x max|logit| %.3g", dir, md, mx);
     int32_t c_tok = tc[0], g_tok = tg[0], diverged = -1;
     for (int i = 0; i < 32; i++) {
-        if (c_tok != g_tok && diverged < 0) diverged = i;
+        if (c_tok != g_tok && diverged < 0) {
+            diverged = i;
+            printf("%s: token %d: cpu %d (logit %.6g), gpu %d (cpu's logit for it %.6g): a near tie or an error\n", dir,
+                   i, c_tok, lc[c_tok], g_tok, lc[g_tok]);
+        }
         if (step(&rc, &c_tok, 1, 20 + i, lc, &err) < 0 || step(&rg, &g_tok, 1, 20 + i, lg, &err) < 0) {
             EXPECT(0, "%s: decode %d: %s", dir, i, err.msg);
             goto out;
