@@ -397,6 +397,13 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
     auth *a = NULL;
     specd_bundle b;
     memset(&b, 0, sizeof b);
+    if (cfg->device && !strcmp(cfg->device, "cuda")) { /* the GPU half of the start-up refusal (bundle_backend) */
+        char why[320];
+        if (bk_cuda_probe(0, why, sizeof why) != 0) {
+            specd_err_set(err, "--device cuda: no usable GPU: %s", why);
+            goto done;
+        }
+    }
     if (access(model_path, R_OK)) {
         specd_err_set(err, "model %s: not readable", model_path);
         goto done;

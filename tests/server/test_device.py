@@ -4,7 +4,8 @@ On a machine where the CUDA probe (kernels/kn.h kn_probe) fails -- no driver,
 no device, or a binary built without CUDA -- this checks:
   - `serve --device cuda` exits non-zero within seconds, and its output names
     the reason: "--device cuda: no usable GPU: <kn_probe's reason>";
-  - `generate --device cuda` (same bundle code) refuses the same way;
+  - `generate --device cuda` (same bundle code) and `serve --check-config
+    --device cuda` refuse the same way (check-config passes with auto);
   - `serve` with the default device (auto) logs exactly ONE line
     "device auto: cpu (no usable GPU: <reason>)" and then serves a completion
     (200, non-empty text), and `--device cpu` logs no such line;
@@ -53,6 +54,10 @@ def main():
         assert m and len(m.group(1)) > 10, f"the refusal must name kn_probe's reason: {out[-2000:]}"
         assert m.group(1).strip() == reason, (m.group(1), reason)
         print(f"serve --device cuda: exit {rc}, reason: {reason}")
+        rc, out = run("serve", sp.MODEL, "--device", "cuda", "--check-config", *COMMON)
+        assert rc != 0 and GPU_REASON.search(out), f"--check-config --device cuda: {rc} {out[-2000:]}"
+        rc, out = run("serve", sp.MODEL, "--check-config", *COMMON)
+        assert rc == 0, f"--check-config with the default device (auto) must pass: {rc} {out[-2000:]}"
         rc, out = run("generate", sp.MODEL, "--prompt", "Hi", "--max-tokens", "2", "--device", "cuda", *COMMON)
         assert rc != 0 and GPU_REASON.search(out), f"generate --device cuda: {rc} {out[-2000:]}"
         srv = sp.Server(COMMON)  # default device: auto
