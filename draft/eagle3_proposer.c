@@ -413,7 +413,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     if (o) P->opts = *o;
     if (P->opts.max_rows <= 0) P->opts.max_rows = 512;
     const model_config *mc = model_get_config(target);
-    eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
+    eagle3_target t = {P->opts.be ? P->opts.be : model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
                        mc->vocab, mc->n_layers};
     eagle3_head_opts ho = {P->opts.aux_ids_convention, model_kv_block_size(target),
                            P->opts.n_blocks > 0 ? P->opts.n_blocks : model_kv_n_blocks(target) + 256, P->opts.q8_0,

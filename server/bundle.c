@@ -42,9 +42,10 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  *
  * --device cpu: the CPU backend. --device cuda: the CUDA backend or a refusal
  * at start (no usable GPU: kn_probe's reason; or a configuration the GPU
- * cannot run yet: a draft head, DeepSeek-V3, tensor parallelism). --device
- * auto (default): cuda when both would hold, else cpu with one log line
- * saying why.
+ * cannot run yet: DeepSeek-V3, tensor parallelism). --device auto
+ * (default): cuda when both would hold, else cpu with one log line saying
+ * why. A draft head stays on a CPU backend of its own next to a cuda target
+ * (specd_bundle_load).
  *
  * Sizing on cuda (vLLM's --gpu-memory-utilization): the process may use
  * util x total GPU memory, which must be free at start. Of that, a fixed
@@ -131,12 +132,10 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
 }
 
 /* Why this configuration cannot run on the GPU today ("" if it can). */
-static void cuda_unsupported(const specd_config *cfg, const specd_bundle *b, const dev_dims *d, char *why, size_t n) {
+static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
     if (cfg->tensor_parallel_size > 1)
         snprintf(why, n, "--tensor-parallel-size %d runs on the CPU backend only", cfg->tensor_parallel_size);
-    else if (b->spec.enabled)
-        snprintf(why, n, "the EAGLE-3 draft head runs on host-visible backends only (no device draft yet)");
     else if (d->deepseek)
         snprintf(why, n, "DeepSeek-V3 / Kimi models have no CUDA ops yet (MLA, MoE)");
     else if (d->head_dim > BK_CUDA_MAX_HEAD_DIM)
@@ -159,7 +158,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     dev_dims d = {0};
     if ((is_dir(model_path) ? dims_hf(model_path, &d, err) : dims_gguf(model_path, &d, err)) < 0)
         return specd_err_wrap(err, "reading %s to plan GPU memory", model_path);
-    cuda_unsupported(cfg, b, &d, why, sizeof why);
+    cuda_unsupported(cfg, &d, why, sizeof why);
     if (why[0]) {
         if (must) return specd_err_set(err, "--device cuda: %s (use --device cpu)", why);
         LOG_INFO("device auto: cpu (a GPU is usable, but %s)", why);
@@ -185,7 +184,8 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                       .max_head_dim = (int32_t)d.head_dim};
     /* model.c: llama_forward's workspace and model_finish_outputs' ws_out for a full step, all rows output */
     const size_t ws = 4 * (size_t)T * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * d.ffn + 1) +
-                      4 * (size_t)T * (size_t)(1 + H + d.vocab);
+                      4 * (size_t)T * (size_t)(1 + H + d.vocab) +
+                      (b->spec.enabled ? 4 * (size_t)T * EAGLE3_MAX_AUX * (size_t)H : 0); /* aux capture */
     const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
                                                        ((size_t)16 << 20); /* + norms, alignment */
     const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed;
@@ -336,6 +336,18 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         }
         eo.q8_0 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
         eo.hot_vocab = cfg->speculative_token_map;
+        if (!b->be->host_visible) {
+            /* the head has no device ops: it computes on a CPU backend of its own; per step the target
+             * downloads the aux features of the captured rows ([T, n_aux * H] f32) for it, and the head
+             * reads the target's embedding / LM head from their host views (engine/model model.h) */
+            if (!(b->draft_be = bk_cpu_create(cfg->threads))) {
+                specd_err_set(err, "cannot create the draft's CPU backend");
+                goto fail;
+            }
+            eo.be = b->draft_be;
+            LOG_INFO("draft: on the CPU backend (%s) next to the %s target; aux features are downloaded each step",
+                     bk_cpu_describe(b->draft_be), b->device);
+        }
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
@@ -382,6 +394,7 @@ void specd_bundle_free(specd_bundle *b) {
         b->rk = NULL;
     }
     eagle3_destroy(b->proposer); /* after the engine (which calls it), before the model (which it borrows) */
+    if (b->draft_be) bk_cpu_destroy(b->draft_be);
     tok_destroy(b->tok);
     gguf_close(b->tok_gguf);
     model_destroy(b->m);
