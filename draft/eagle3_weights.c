@@ -445,7 +445,7 @@ int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
 /* ------------------------------------------------------------ KV pool */
 
 bk_kv_layer eagle3_head_kv(eagle3_head *h) {
-    bk_kv_layer kv = {h->kv_k, h->kv_v, h->block_size, h->cfg.n_kv_heads, h->cfg.head_dim, h->n_blocks};
+    bk_kv_layer kv = {h->kv_k, h->kv_v, h->block_size, h->cfg.n_kv_heads, h->cfg.head_dim, h->n_blocks, NULL, NULL};
     return kv;
 }
 

@@ -105,9 +105,11 @@ static inline float *bk_f32(const bk_tensor *t) { return (float *)t->data; }
 static inline int32_t *bk_i32(const bk_tensor *t) { return (int32_t *)t->data; }
 
 /* Paged KV cache view for one attention layer (flashinfer-style layout):
- * k, v: f32 [n_blocks, block_size, n_kv_heads, head_dim] in backend memory.
- * Slot s of block b is at ((b * block_size) + s) * n_kv_heads * head_dim.
- * k == v for a single plane used as both (DeepSeek-V3's MLA latent). */
+ * k, v: [n_blocks, block_size, n_kv_heads, head_dim] in backend memory, f32
+ * (k, v) or bf16 (k16, v16; the other pair NULL). Slot s of block b is at
+ * ((b * block_size) + s) * n_kv_heads * head_dim. k == v for a single plane
+ * used as both (DeepSeek-V3's MLA latent). bf16: kv_write rounds each f32 to
+ * nearest even (NaN kept a NaN), readers widen exactly. */
 typedef struct bk_kv_layer {
     float *k;
     float *v;
@@ -115,7 +117,25 @@ typedef struct bk_kv_layer {
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t n_blocks;
+    uint16_t *k16;
+    uint16_t *v16;
 } bk_kv_layer;
+
+/* bf16 of an f32, round to nearest even (the conversion torch and the CUDA
+ * intrinsics use); NaN stays a quiet NaN. */
+static inline uint16_t bk_f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float bk_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Per-step attention metadata (explicit struct, no globals).
  * Token i of the step belongs to sequence seq_of[i] at absolute position

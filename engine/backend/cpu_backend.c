@@ -109,6 +109,11 @@ static int cpu_kv_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m
     const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
     for (int32_t t = 0; t < m->n_tokens; t++) {
         size_t off = kv_slot(kv, m, m->seq_of[t], m->pos[t]);
+        if (kv->k16) { /* bf16 cache: round to nearest even */
+            for (size_t i = 0; i < row; i++) kv->k16[off + i] = bk_f32_to_bf16(k[(size_t)t * row + i]);
+            for (size_t i = 0; i < row; i++) kv->v16[off + i] = bk_f32_to_bf16(v[(size_t)t * row + i]);
+            continue;
+        }
         memcpy(kv->k + off, k + (size_t)t * row, row * sizeof(float));
         memcpy(kv->v + off, v + (size_t)t * row, row * sizeof(float));
     }
@@ -152,15 +157,24 @@ static inline double attn_softmax_num(float *s, int32_t len, float mx) {
     return sum;
 }
 
+/* n values of a cache plane at element offset off as f32: the f32 plane
+ * itself, or the bf16 plane widened into tmp. */
+static inline const float *kv_vals(const float *p32, const uint16_t *p16, size_t off, int32_t n, float *tmp) {
+    if (!p16) return p32 + off;
+    for (int32_t i = 0; i < n; i++) tmp[i] = bk_bf16_to_f32(p16[off + i]);
+    return tmp;
+}
+
 /* Items are (token, head) pairs: item = t * n_heads + h. */
 static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
     const attn_job *j = va;
     const bk_kv_layer *kv = j->kv;
     const bk_attn_meta *m = j->m;
     const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads;
-    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
+    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 3 * (size_t)hd + 2);
     if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
     double *acc = (double *)(void *)(s + j->max_len + (j->max_len & 1));
+    float *tmp = (float *)(void *)(acc + hd); /* a bf16 row widened */
     for (int64_t it = i0; it < i1; it++) {
         const int32_t t = (int32_t)(it / n_heads), h = (int32_t)(it % n_heads);
         const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
@@ -168,7 +182,7 @@ static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
         float mx = -INFINITY;
         for (int32_t p = 0; p < len; p++) {
             if (attn_masked(m, t, seq, p)) { s[p] = -INFINITY; continue; }
-            const float *kp = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            const float *kp = kv_vals(kv->k, kv->k16, kv_slot(kv, m, seq, p) + (size_t)kvh * hd, hd, tmp);
             float d = 0;
             for (int32_t i = 0; i < hd; i++) d += qh[i] * kp[i];
             s[p] = d * j->scale;
@@ -178,7 +192,7 @@ static void attn_items(void *va, int64_t i0, int64_t i1, int tid) {
         for (int32_t i = 0; i < hd; i++) acc[i] = 0;
         for (int32_t p = 0; p < len; p++) {
             if (s[p] == 0.0f) continue;
-            const float *vp = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd;
+            const float *vp = kv_vals(kv->v, kv->v16, kv_slot(kv, m, seq, p) + (size_t)kvh * hd, hd, tmp);
             for (int32_t i = 0; i < hd; i++) acc[i] += (double)s[p] * vp[i];
         }
         float *oh = j->out + ((size_t)t * n_heads + h) * hd;
@@ -203,19 +217,20 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
     const bk_attn_meta *m = j->m;
     const int32_t hd = kv->head_dim, n_heads = j->n_heads, group = n_heads / kv->n_kv_heads, bs = kv->block_size;
     const size_t row = (size_t)kv->n_kv_heads * (size_t)hd; /* floats per KV slot */
-    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 2 * (size_t)hd);
+    float *s = cpu_scratch_get(j->ctx, tid, (size_t)j->max_len + 3 * (size_t)hd + 2);
     if (!s) return; /* cannot happen after cpu_attention's pre-allocation */
+    float *tmp = s + j->max_len + 2 * (size_t)hd + 2; /* a bf16 row widened */
     for (int64_t it = i0; it < i1; it++) {
         const int32_t t = (int32_t)(it / n_heads), h = (int32_t)(it % n_heads);
         const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
         const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
         float mx = -INFINITY;
         /* positions walked block by block: one block-table read per block, no division per position */
-        const float *kb = NULL;
+        size_t kb = 0;
         for (int32_t p = 0, slot = bs; p < len; p++, slot++) {
-            if (slot == bs) kb = kv->k + kv_slot(kv, m, seq, p) + (size_t)kvh * hd, slot = 0;
+            if (slot == bs) kb = kv_slot(kv, m, seq, p) + (size_t)kvh * hd, slot = 0;
             if (attn_masked(m, t, seq, p)) { s[p] = -INFINITY; continue; }
-            const float *kp = kb + (size_t)slot * row;
+            const float *kp = kv_vals(kv->k, kv->k16, kb + (size_t)slot * row, hd, tmp);
             __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
             int32_t i = 0;
             for (; i + 16 <= hd; i += 16) {
@@ -232,11 +247,11 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
             const int32_t nr = (hd - c0 < 64 ? hd - c0 : 64) / 8;
             __m256 acc[8];
             for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            const float *vb = NULL;
+            size_t vb = 0;
             for (int32_t p = 0, slot = bs; p < len; p++, slot++) {
-                if (slot == bs) vb = kv->v + kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0, slot = 0;
+                if (slot == bs) vb = kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0, slot = 0;
                 if (s[p] == 0.0f) continue;
-                const float *vp = vb + (size_t)slot * row;
+                const float *vp = kv_vals(kv->v, kv->v16, vb + (size_t)slot * row, 8 * nr, tmp);
                 const __m256 w = _mm256_set1_ps(s[p]);
                 for (int r = 0; r < nr; r++) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8 * r), acc[r]);
             }
@@ -262,7 +277,7 @@ static int cpu_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *
     int32_t max_len = 0;
     for (int32_t t = 0; t < m->n_tokens; t++) if (m->pos[t] + 1 > max_len) max_len = m->pos[t] + 1;
     for (int i = 0; i < ctx->n_threads; i++)
-        if (!cpu_scratch_get(ctx, i, (size_t)max_len + 2 * (size_t)kv->head_dim + 2)) {
+        if (!cpu_scratch_get(ctx, i, (size_t)max_len + 3 * (size_t)kv->head_dim + 2)) {
             LOG_ERROR("attention: out of memory for %d positions", max_len);
             return -1;
         }

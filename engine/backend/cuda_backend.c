@@ -439,6 +439,8 @@ static int cu_rope(void *vctx, bk_tensor *x, int32_t n_heads, int32_t head_dim, 
 }
 
 static int cu_kv_check(const cu_ctx *c, const bk_kv_layer *kv) {
+    CU_REQUIRE(kv->k && kv->v && !kv->k16 && !kv->v16,
+               "KV planes in bf16 (k16 / v16) have no CUDA kernel yet: the CUDA backend keeps f32 planes");
     CU_REQUIRE(kv->block_size == c->o.block_size,
                "KV layer of block size %d; this backend's block tables were sized for %d", kv->block_size,
                c->o.block_size);

@@ -146,15 +146,17 @@ static int mla_naive(model *m, int32_t l, const bk_attn_meta *am, const float *q
     for (int32_t q0 = 0; q0 < S; q0++)
         for (int32_t p = 0; p < len[q0]; p++, i++) {
             const int32_t b = am->block_tables[q0][p / kv.block_size];
-            const float *src = kv.k + ((size_t)b * kv.block_size + (size_t)(p % kv.block_size)) * Dl;
-            memcpy(lat + i * kvl, src, sizeof(float) * kvl);
+            const size_t o = ((size_t)b * kv.block_size + (size_t)(p % kv.block_size)) * Dl;
+            for (int32_t j = 0; j < kvl; j++) lat[i * kvl + j] = kv.k16 ? bk_bf16_to_f32(kv.k16[o + j]) : kv.k[o + j];
         }
     if (N && h_matmul(m->be, &Y->kv_b, lat, (int32_t)N, kvb)) goto oom;
     i = 0;
     for (int32_t q0 = 0; q0 < S; q0++)
         for (int32_t p = 0; p < len[q0]; p++, i++) {
             const int32_t b = am->block_tables[q0][p / kv.block_size];
-            const float *kpe = kv.k + ((size_t)b * kv.block_size + (size_t)(p % kv.block_size)) * Dl + kvl;
+            const size_t o = ((size_t)b * kv.block_size + (size_t)(p % kv.block_size)) * Dl + kvl;
+            float kpe[4096]; /* qk_rope_head_dim <= 4096 (hf_config.c bounds it; 64 for DeepSeek-V3 / Kimi) */
+            for (int32_t j = 0; j < r; j++) kpe[j] = kv.k16 ? bk_bf16_to_f32(kv.k16[o + j]) : kv.k[o + j];
             for (int32_t h = 0; h < nh; h++) {
                 const float *src = kvb + (i * nh + h) * (size_t)(n + v);
                 float *kd = tk + (((size_t)q0 * Lmax + p) * nh + h) * D, *vd = tv + (((size_t)q0 * Lmax + p) * nh + h) * D;

@@ -107,6 +107,14 @@ bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf) {
 }
 
 bk_kv_layer model_kv_layer(model *m, int32_t l) {
+    if (m->kv_bf16) { /* the same element offsets on a plane of uint16 */
+        uint16_t *base = (uint16_t *)(void *)m->kv;
+        bk_kv_layer kv = {.block_size = m->block_size, .n_kv_heads = m->nkv_l, .head_dim = m->cfg.head_dim,
+                          .n_blocks = m->n_blocks};
+        kv.k16 = base + (size_t)l * m->kv_planes * m->kv_layer_elems;
+        kv.v16 = m->kv_planes == 1 ? kv.k16 : base + ((size_t)l * 2 + 1) * m->kv_layer_elems;
+        return kv;
+    }
     bk_kv_layer kv = {
         .k = m->kv + (size_t)l * m->kv_planes * m->kv_layer_elems,
         .v = m->kv_planes == 1 ? m->kv + (size_t)l * m->kv_layer_elems
@@ -120,7 +128,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
 }
 
 int64_t model_kv_bytes_per_token(const model *m) {
-    return (int64_t)m->cfg.n_layers * m->kv_planes * m->nkv_l * m->cfg.head_dim * (int64_t)sizeof(float);
+    return (int64_t)m->cfg.n_layers * m->kv_planes * m->nkv_l * m->cfg.head_dim * (m->kv_bf16 ? 2 : 4);
 }
 
 static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
@@ -137,7 +145,8 @@ static int model_alloc_kv(model *m, const model_load_opts *o, specd_err *err) {
     m->n_blocks = (int32_t)nb;
     m->kv_layer_elems = (size_t)nb * m->block_size * m->nkv_l * m->cfg.head_dim;
     m->kv = m->be->ops->buf_alloc(m->be->ctx,
-                                  m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers * sizeof(float));
+                                  m->kv_layer_elems * (size_t)m->kv_planes * (size_t)m->cfg.n_layers *
+                                      (m->kv_bf16 ? 2 : sizeof(float)));
     if (!m->kv) return specd_err_set(err, "cannot allocate %lld bytes of KV cache", (long long)(nb * per_block));
     return 0;
 }
@@ -162,6 +171,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
                 goto fail;
             goto loaded;
         }
+        m->kv_bf16 = opts && opts->latent_bf16;
         if (dsv3_load(m, &hc, err) < 0 || model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
         goto loaded;
     }

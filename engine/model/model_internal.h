@@ -35,6 +35,7 @@ struct model {
      * V; 1: the MLA latent, used as both K and V), each [n_blocks, block_size,
      * nkv, hd] f32. */
     int32_t kv_planes;
+    bool kv_bf16;                     /* the planes hold bf16 (DeepSeek-V3's latent by default), else f32 */
     float *kv;
     int32_t block_size, n_blocks;
     size_t kv_layer_elems;            /* elements of one layer's K (= of V) */

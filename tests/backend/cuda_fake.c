@@ -205,7 +205,7 @@ int kn_kv_write(const kn_paged_kv *kv, const kn_attn_batch *b, const float *k, c
     const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
     F32(k, b->n_tokens * row); F32(v, b->n_tokens * row);
     if (b->n_seqs > 256 || fake_meta(b, kv, &m, rows)) return cudaErrorInvalidValue;
-    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks};
+    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks, NULL, NULL};
     bk_tensor kt = bk_wrap_f32((float *)k, b->n_tokens, (int64_t)row), vt = bk_wrap_f32((float *)v, b->n_tokens, (int64_t)row);
     return fake_cpu()->ops->kv_write(fake_cpu()->ctx, &l, &m, &kt, &vt);
 }
@@ -224,7 +224,7 @@ int kn_attention(const kn_paged_kv *kv, const kn_attn_batch *b, const float *q, 
     DEV(scratch, scratch_bytes);
     if (scratch_bytes < kn_attn_scratch_bytes(b->n_tokens, nh, b->max_len, kv->head_dim)) return cudaErrorInvalidValue;
     if (b->n_seqs > 256 || fake_meta(b, kv, &m, rows)) return cudaErrorInvalidValue;
-    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks};
+    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks, NULL, NULL};
     bk_tensor qt = bk_wrap_f32((float *)q, b->n_tokens, (int64_t)qd), ot = bk_wrap_f32(out, b->n_tokens, (int64_t)qd);
     return fake_cpu()->ops->attention(fake_cpu()->ctx, &l, &m, &qt, nh, scale, &ot);
 }

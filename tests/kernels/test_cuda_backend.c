@@ -321,7 +321,7 @@ static void test_ops(void) {
             /* kv_write into copies of the same random pool */
             memcpy(kvc, kv0, sizeof(float) * pool * 2);
             EXPECT(G->upload(gpu->ctx, dkv, kv0, sizeof(float) * pool * 2) == 0, "upload pool");
-            bk_kv_layer hl = {kvc, kvc + pool, BS, NKV, HD, NB}, gl = {dkv, dkv + pool, BS, NKV, HD, NB};
+            bk_kv_layer hl = {kvc, kvc + pool, BS, NKV, HD, NB, NULL, NULL}, gl = {dkv, dkv + pool, BS, NKV, HD, NB, NULL, NULL};
             C->kv_write(cpu->ctx, &hl, &hm, &hk, &hv);
             EXPECT(G->kv_write(gpu->ctx, &gl, &gm, &gk, &gv) == 0, "gpu kv_write");
             EXPECT(G->download(gpu->ctx, kvg, dkv, sizeof(float) * pool * 2) == 0, "download pool");

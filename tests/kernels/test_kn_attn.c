@@ -196,7 +196,7 @@ static void world_destroy(world *w) {
 }
 
 static bk_kv_layer cpu_kv(const world *w) {
-    return (bk_kv_layer){w->hk, w->hv, w->sh.block_size, w->sh.n_kv_heads, w->sh.head_dim, w->n_blocks};
+    return (bk_kv_layer){w->hk, w->hv, w->sh.block_size, w->sh.n_kv_heads, w->sh.head_dim, w->n_blocks, NULL, NULL};
 }
 static kn_paged_kv gpu_kv(const world *w) {
     return (kn_paged_kv){w->dk, w->dv, w->sh.block_size, w->sh.n_kv_heads, w->sh.head_dim, w->n_blocks};

@@ -5,6 +5,10 @@ tools/kimi/make_mini.py) in the three tensor-name layouts the C loader accepts, 
     OUT/k25      language_model.model.* + language_model.lm_head (Kimi-K2.5), tokenizer files
     OUT/nomodel  language_model.* (re-exports without ".model"), text_config model_type deepseek_v3
     OUT/dsv3     plain DeepseekV3 config and model.* / lm_head.weight names
+    OUT/wide8    the same generator with 8 MLA heads, dense MLP 512 and experts of width 256 (seed 0,
+                 tokenizer files as k25): a shape every tensor-parallel size up to 8 can split (1 head and 32
+                 int4 columns of every expert per rank at TP 8); tests/kimi_c/test_tp.c checks TP 2, 4 and 8
+                 against TP 1 on it (no transformers fixture of its own), kimi_c_spec_server_tp4 serves it at TP 4
     OUT/head     a random-weight EAGLE-3 head for the miniature (tools/eagle3/make_random_head.py
                  with the miniature's sizes: hidden 128, 4 heads of 32, intermediate 256, target
                  vocab 163840, draft vocab 32000 with a random vocabulary map, aux ids [0, 2, 4] (layer outputs),
@@ -52,7 +56,7 @@ def main() -> int:
     gen = os.path.join(ROOT, "tools", "kimi", "make_mini.py")
     head_gen = os.path.join(ROOT, "tools", "eagle3", "make_random_head.py")
     h = hashlib.sha256(open(gen, "rb").read() + open(head_gen, "rb").read()).hexdigest()
-    stamp_text = h + " seed 0 v3\n"
+    stamp_text = h + " seed 0 v5\n"
     stamp = os.path.join(out, "stamp")
     if os.path.exists(stamp) and open(stamp).read() == stamp_text:
         print(f"miniatures in {out} are current")
@@ -66,6 +70,13 @@ def main() -> int:
     mm.make(0, os.path.join(out, "k25"), "kimi_k2", "kimi_k25", have_tok)
     mm.make(0, os.path.join(out, "nomodel"), "deepseek_v3", "kimi_k25_nomodel", False)
     mm.make(0, os.path.join(out, "dsv3"), "deepseek_v3", "deepseek_v3", False)
+    saved = dict(mm.MINI)
+    mm.MINI.update(num_attention_heads=8, num_key_value_heads=8, intermediate_size=512, moe_intermediate_size=256)
+    try:
+        mm.make(0, os.path.join(out, "wide8"), "kimi_k2", "kimi_k25", have_tok)
+    finally:
+        mm.MINI.clear()
+        mm.MINI.update(saved)
     make_head(os.path.join(out, "head"))
     with open(stamp, "w") as f:
         f.write(stamp_text)

@@ -28,8 +28,11 @@ import time
 
 SPECD = os.environ.get("SPECD_BIN") or os.path.join(os.environ.get("SPECD_BUILD_DIR", ""), "server", "specd")
 MINI = os.environ.get("KIMI_C_MINI_DIR", "")
-TARGET, HEAD = os.path.join(MINI, "k25"), os.path.join(MINI, "kimi_head")
-COMMON = ["--served-model-name", "kimi-mini", "--max-model-len", "256", "--kv-cache-memory", "32M",
+# KIMI_C_TARGET / KIMI_C_SERVE_ARGS: another miniature and extra flags for both servers (ctest
+# kimi_c_spec_server_tp4: the 8-head "wide8" variant at --tensor-parallel-size 4, the head on rank 0)
+TARGET, HEAD = os.path.join(MINI, os.environ.get("KIMI_C_TARGET", "k25")), os.path.join(MINI, "kimi_head")
+COMMON = [*os.environ.get("KIMI_C_SERVE_ARGS", "").split(),
+          "--served-model-name", "kimi-mini", "--max-model-len", "256", "--kv-cache-memory", "32M",
           "--threads", "1", "--max-num-seqs", "8", "--max-num-batched-tokens", "64"]
 MAX_TOKENS = 20
 
