@@ -190,6 +190,9 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                                                        ((size_t)16 << 20); /* + norms, alignment */
     const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed;
     const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float);
+    if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
+        return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
+                             (long long)d.n_layers, (long long)d.n_heads, (long long)d.head_dim);
     if (need >= budget || (budget - need) / per_tok < (size_t)max_len)
         return specd_err_set(err, "--gpu-memory-utilization %.2f (%.2f GiB) leaves %.2f GiB for the KV cache after "
                                   "weights %.2f GiB, workspace %.2f GiB and reserve %.2f GiB; %lld tokens of "
