@@ -75,6 +75,9 @@ typedef struct eagle3_opts {
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
     uint64_t seed;         /* draft sampling RNG seed */
+    backend *be;           /* backend the head computes on (host-visible; not owned); NULL = the target's.
+                            * A device target passes a CPU backend here: the target's embedding and LM head
+                            * are read from their host views and the aux features arrive downloaded. */
 } eagle3_opts;
 
 /* Loads the head in DIR for TARGET (shapes checked against it, d2t/t2d

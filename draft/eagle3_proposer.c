@@ -408,8 +408,8 @@ int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd
 
 int eagle3_head_load_for(const char *dir, model *target, const eagle3_opts *o, eagle3_head **out, specd_err *err) {
     const model_config *mc = model_get_config(target);
-    eagle3_target t = {model_backend(target), model_embed_weight(target), model_lm_head_weight(target), mc->hidden,
-                       mc->vocab, mc->n_layers};
+    eagle3_target t = {o->be ? o->be : model_backend(target), model_embed_weight(target), model_lm_head_weight(target),
+                       mc->hidden, mc->vocab, mc->n_layers};
     eagle3_head_opts ho = {o->aux_ids_convention, model_kv_block_size(target),
                            o->n_blocks > 0 ? o->n_blocks : model_kv_n_blocks(target) + 256, o->q8_0, o->hot_vocab};
     return eagle3_head_load(dir, &t, &ho, out, err);

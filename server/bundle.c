@@ -11,13 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include "draft/eagle3.h"
 #include "draft/eagle3_head.h"
 #include "draft/eagle3_tp.h"
+#include "engine/backend/cuda_backend.h"
+#include "engine/model/hf_config.h"
 #include "engine/util/log.h"
-#ifdef SPECD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #include "server/auth.h"
 
 static bool is_dir(const char *p) {
@@ -39,26 +40,196 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
     snprintf(buf, cap, "%.*s", (int)len, model_path + b);
 }
 
-/* --device cuda: tells which of the two fallbacks applies (no usable GPU, or
- * a GPU the engine cannot use yet); the engine runs on the CPU either way. */
-static void specd_probe_cuda(void) {
-#ifdef SPECD_HAVE_CUDA
-    int n = 0;
-    cudaError_t ce = cudaGetDeviceCount(&n);
-    if (ce != cudaSuccess || n == 0) {
-        LOG_WARN("--device cuda: no usable GPU (%s); falling back to cpu",
-                 ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
-        return;
+/* ------------------------------------------------------------ device selection
+ *
+ * --device cpu: the CPU backend. --device cuda: the CUDA backend or a refusal
+ * at start (no usable GPU: kn_probe's reason; or a configuration the GPU
+ * cannot run yet: DeepSeek-V3, tensor parallelism). --device auto
+ * (default): cuda when both would hold, else cpu with one log line saying
+ * why. A draft head stays on a CPU backend of its own next to a cuda target
+ * (specd_bundle_load).
+ *
+ * Sizing on cuda (vLLM's --gpu-memory-utilization): the process may use
+ * util x total GPU memory, which must be free at start. Of that, a fixed
+ * reserve (CUDA context, kernel images, driver allocations) stays outside the
+ * backend's arena; the arena holds the weights (estimated from the files:
+ * packed GGUF blocks / safetensors as stored, K-quants as f32), twice the
+ * model workspace of a full step (model.c's grow-only buffers: a new one is
+ * allocated before the old one is freed) and the backend's own buffers; the
+ * KV cache gets the rest. The plan is one log line. */
+#define BUNDLE_CUDA_RESERVE ((size_t)512 << 20)
+
+typedef struct dev_dims {
+    bool deepseek;
+    int64_t hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, max_pos;
+    int64_t weight_bytes; /* estimate of the bytes weight_place copies */
+} dev_dims;
+
+static int64_t file_bytes(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+static int dims_gguf(const char *path, dev_dims *d, specd_err *err) {
+    gguf_file *g = NULL;
+    if (gguf_open(path, &g, err) < 0) return -1;
+    const char *arch = NULL;
+    size_t al = 0;
+    int rc = -1;
+    if (gguf_get_str(g, "general.architecture", &arch, &al, err) < 0) goto out;
+    struct { const char *k; int64_t *v; } keys[] = {
+        {"embedding_length", &d->hidden}, {"attention.head_count", &d->n_heads},
+        {"attention.head_count_kv", &d->n_kv_heads}, {"feed_forward_length", &d->ffn},
+        {"block_count", &d->n_layers}, {"context_length", &d->max_pos}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char key[160];
+        snprintf(key, sizeof key, "%.*s.%s", (int)al, arch, keys[i].k);
+        if (gguf_get_i64(g, key, keys[i].v, err) < 0) goto out;
     }
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-        LOG_WARN("--device cuda: %d GPU(s) (%s), but the engine has no CUDA backend wired in yet; using cpu", n,
-                 prop.name);
-    else
-        LOG_WARN("--device cuda: %d GPU(s), but the engine has no CUDA backend wired in yet; using cpu", n);
-#else
-    LOG_WARN("--device cuda: this binary was built without CUDA; falling back to cpu");
-#endif
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || d->n_heads <= 0) {
+        specd_err_set(err, "%s: no token_embd.weight / head count", path);
+        goto out;
+    }
+    d->vocab = (int64_t)emb->ne[1];
+    d->head_dim = d->hidden / d->n_heads;
+    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        const bool packed = t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16 ||
+                            t->type == GGML_TYPE_Q8_0 || t->type == GGML_TYPE_Q4_0 || t->type == GGML_TYPE_Q4_1;
+        d->weight_bytes += packed ? (int64_t)t->nbytes : (int64_t)t->n_elements * 4;
+    }
+    rc = 0;
+out:
+    gguf_close(g);
+    return rc;
+}
+
+static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
+    hf_config hc;
+    if (hf_config_load(dir, &hc, err) < 0) return -1;
+    d->deepseek = hc.arch != MODEL_ARCH_LLAMA;
+    d->hidden = hc.hidden;
+    d->n_heads = hc.n_heads;
+    d->n_kv_heads = hc.n_kv_heads;
+    d->head_dim = hc.head_dim;
+    d->ffn = hc.intermediate;
+    d->vocab = hc.vocab;
+    d->n_layers = hc.n_layers;
+    d->max_pos = hc.max_pos;
+    DIR *dp = opendir(dir);
+    if (!dp) return specd_err_set(err, "%s: cannot list", dir);
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t n = strlen(e->d_name);
+        if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            int64_t fb = file_bytes(p);
+            if (fb > 0) d->weight_bytes += fb;
+        }
+    }
+    closedir(dp);
+    return 0;
+}
+
+/* Why this configuration cannot run on the GPU today ("" if it can). */
+static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
+    why[0] = '\0';
+    if (cfg->tensor_parallel_size > 1)
+        snprintf(why, n, "--tensor-parallel-size %d runs on the CPU backend only", cfg->tensor_parallel_size);
+    else if (d->deepseek)
+        snprintf(why, n, "DeepSeek-V3 / Kimi models have no CUDA ops yet (MLA, MoE)");
+    else if (d->head_dim > BK_CUDA_MAX_HEAD_DIM)
+        snprintf(why, n, "head_dim %lld exceeds the CUDA attention kernel's %d", (long long)d->head_dim,
+                 BK_CUDA_MAX_HEAD_DIM);
+}
+
+/* Chooses the backend (b->be, b->device) and, on cuda, the KV budget (*kv_bytes). */
+static int bundle_backend(const char *model_path, const specd_config *cfg, specd_bundle *b, int64_t *kv_bytes,
+                          specd_err *err) {
+    const char *want = cfg->device ? cfg->device : "auto";
+    const bool must = !strcmp(want, "cuda");
+    char why[320] = "";
+    if (!strcmp(want, "cpu")) goto cpu;
+    if (bk_cuda_probe(0, why, sizeof why) != 0) {
+        if (must) return specd_err_set(err, "--device cuda: no usable GPU: %s", why);
+        LOG_INFO("device auto: cpu (no usable GPU: %s)", why);
+        goto cpu;
+    }
+    dev_dims d = {0};
+    if ((is_dir(model_path) ? dims_hf(model_path, &d, err) : dims_gguf(model_path, &d, err)) < 0)
+        return specd_err_wrap(err, "reading %s to plan GPU memory", model_path);
+    cuda_unsupported(cfg, &d, why, sizeof why);
+    if (why[0]) {
+        if (must) return specd_err_set(err, "--device cuda: %s (use --device cpu)", why);
+        LOG_INFO("device auto: cpu (a GPU is usable, but %s)", why);
+        goto cpu;
+    }
+    size_t fr = 0, tot = 0;
+    if (bk_cuda_mem_info(0, &fr, &tot, err) < 0) return -1;
+    const double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9;
+    const size_t budget = (size_t)(util * (double)tot);
+    if (budget > fr)
+        return specd_err_set(err, "--gpu-memory-utilization %.2f asks for %.2f GiB, but only %.2f GiB of %.2f GiB "
+                                  "are free on the GPU (lower it, or free the GPU)",
+                             util, (double)budget / (1 << 30), (double)fr / (1 << 30), (double)tot / (1 << 30));
+    const int64_t max_len = cfg->max_model_len > 0 ? cfg->max_model_len : (d.max_pos > (1 << 24) ? 1 << 24 : d.max_pos);
+    const int64_t T = cfg->max_num_batched_tokens, H = d.hidden, qd = d.n_heads * d.head_dim,
+                  kvd = d.n_kv_heads * d.head_dim;
+    bk_cuda_opts o = {.device = 0,
+                      .max_tokens = (int32_t)T,
+                      .max_seqs = cfg->max_num_seqs,
+                      .max_len = (int32_t)max_len,
+                      .block_size = cfg->block_size > 0 ? cfg->block_size : 16,
+                      .max_heads = (int32_t)d.n_heads,
+                      .max_head_dim = (int32_t)d.head_dim};
+    /* model.c: llama_forward's workspace and model_finish_outputs' ws_out for a full step, all rows output */
+    const size_t ws = 4 * (size_t)T * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * d.ffn + 1) +
+                      4 * (size_t)T * (size_t)(1 + H + d.vocab) +
+                      (b->spec.enabled ? 4 * (size_t)T * EAGLE3_MAX_AUX * (size_t)H : 0); /* aux capture */
+    const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
+                                                       ((size_t)16 << 20); /* + norms, alignment */
+    const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed;
+    const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float);
+    if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
+        return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
+                             (long long)d.n_layers, (long long)d.n_heads, (long long)d.head_dim);
+    if (need >= budget || (budget - need) / per_tok < (size_t)max_len)
+        return specd_err_set(err, "--gpu-memory-utilization %.2f (%.2f GiB) leaves %.2f GiB for the KV cache after "
+                                  "weights %.2f GiB, workspace %.2f GiB and reserve %.2f GiB; %lld tokens of "
+                                  "--max-model-len need %.2f GiB (raise the fraction, lower --max-model-len or "
+                                  "--max-num-batched-tokens)",
+                             util, (double)budget / (1 << 30), need >= budget ? 0.0 : (double)(budget - need) / (1 << 30),
+                             (double)wb / (1 << 30), (double)(2 * ws + fixed) / (1 << 30),
+                             (double)BUNDLE_CUDA_RESERVE / (1 << 30), (long long)max_len,
+                             (double)per_tok * (double)max_len / (1 << 30));
+    *kv_bytes = (int64_t)(budget - need);
+    o.arena_bytes = budget - BUNDLE_CUDA_RESERVE;
+    LOG_INFO("cuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB: weights %.2f "
+             "GiB (from the files), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata and "
+             "attention scratch up to %lld positions), reserve %.2f GiB, KV %.2f GiB = %lld tokens",
+             (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
+             (double)wb / (1 << 30), (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
+             (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)*kv_bytes / (1 << 30),
+             (long long)(*kv_bytes / (int64_t)per_tok));
+    b->be = bk_cuda_create(&o, err);
+    if (!b->be) return -1;
+    b->device = "cuda";
+    return 0;
+cpu:
+    b->be = bk_cpu_create(specd_tp_threads(cfg));
+    if (!b->be) return specd_err_set(err, "cannot create the CPU backend");
+    b->device = "cpu";
+    *kv_bytes = cfg->kv_cache_memory;
+    LOG_INFO("backend: %s", bk_cpu_describe(b->be));
+    return 0;
+}
+
+static void bundle_backend_destroy(backend *be) {
+    if (!be) return;
+    if (!strcmp(be->name, "cuda")) bk_cuda_destroy(be);
+    else bk_cpu_destroy(be);
 }
 
 static int load_tokenizer(const char *model_path, const gguf_file *g, specd_bundle *b, specd_err *err) {
@@ -174,20 +345,17 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
-    b->device = "cpu";
-    if (cfg->device && !strcmp(cfg->device, "cuda")) specd_probe_cuda();
-    b->be = bk_cpu_create(specd_tp_threads(cfg));
-    if (!b->be) {
-        specd_err_set(err, "cannot create the CPU backend");
-        goto fail;
-    }
-    LOG_INFO("backend: cpu (%s)", bk_cpu_describe(b->be));
-    model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = cfg->kv_cache_memory, .n_blocks = 0,
+    int64_t kv_bytes = cfg->kv_cache_memory;
+    if (bundle_backend(model_path, cfg, b, &kv_bytes, err) < 0) goto fail;
+    model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = kv_bytes, .n_blocks = 0,
                           .tp = b->rk ? &b->tp_comm : NULL};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
         specd_err_wrap(err, "loading %s", model_path);
         goto fail;
     }
+    if (!strcmp(b->device, "cuda"))
+        LOG_INFO("backend: %s after loading (%.2f GiB of the arena used)", bk_cuda_describe(b->be),
+                 (double)bk_cuda_arena_used(b->be) / (1 << 30));
     b->n_ranks = b->rk ? cfg->tensor_parallel_size : 1;
     if (tp_gather_memory(b->rk ? ranks_comm(b->rk) : NULL, b->m, b->rank_mem, err) < 0) {
         specd_err_wrap(err, "gathering the ranks' memory");
@@ -222,6 +390,18 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (b->spec.enabled) {
         eagle3_opts eo = {0};
         if (draft_opts(cfg, &eo, err) < 0) goto fail;
+        if (!b->be->host_visible) {
+            /* the head has no device ops: it computes on a CPU backend of its own; per step the target
+             * downloads the aux features of the captured rows ([T, n_aux * H] f32) for it, and the head
+             * reads the target's embedding / LM head from their host views (engine/model model.h) */
+            if (!(b->draft_be = bk_cpu_create(cfg->threads))) {
+                specd_err_set(err, "cannot create the draft's CPU backend");
+                goto fail;
+            }
+            eo.be = b->draft_be;
+            LOG_INFO("draft: on the CPU backend (%s) next to the %s target; aux features are downloaded each step",
+                     bk_cpu_describe(b->draft_be), b->device);
+        }
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
@@ -276,10 +456,11 @@ void specd_bundle_free(specd_bundle *b) {
         b->rk = NULL;
     }
     eagle3_destroy(b->proposer); /* after the engine (which calls it), before the model (which it borrows) */
+    if (b->draft_be) bk_cpu_destroy(b->draft_be);
     tok_destroy(b->tok);
     gguf_close(b->tok_gguf);
     model_destroy(b->m);
-    if (b->be) bk_cpu_destroy(b->be);
+    bundle_backend_destroy(b->be);
     specd_spec_free(&b->spec);
     memset(b, 0, sizeof *b);
 }
@@ -291,6 +472,13 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
     auth *a = NULL;
     specd_bundle b;
     memset(&b, 0, sizeof b);
+    if (cfg->device && !strcmp(cfg->device, "cuda")) { /* the GPU half of the start-up refusal (bundle_backend) */
+        char why[320];
+        if (bk_cuda_probe(0, why, sizeof why) != 0) {
+            specd_err_set(err, "--device cuda: no usable GPU: %s", why);
+            goto done;
+        }
+    }
     if (access(model_path, R_OK)) {
         specd_err_set(err, "model %s: not readable", model_path);
         goto done;

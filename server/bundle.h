@@ -25,6 +25,7 @@
 
 typedef struct specd_bundle {
     backend *be;
+    backend *draft_be;        /* the draft head's CPU backend when the target runs on cuda, else NULL */
     model *m;
     tokenizer *tok;
     gguf_file *tok_gguf;      /* tokenizer-only load of a GGUF */

@@ -59,8 +59,12 @@ const cfg_option specd_serve_options[] = {
     {"tensor-parallel-size", CFG_INT, "1", 1, 64, OFF(tensor_parallel_size), CFG_ENGINE, NULL,
      "ranks the target is split across (Megatron layout; each rank a process of this binary with --threads "
      "threads; rank 0 serves HTTP; docs/engine.md)"},
-    {"device", CFG_STR, "cpu", NOB, OFF(device), CFG_ENGINE, "cpu|cuda",
-     "compute device; cuda falls back to cpu (with a log line) when no GPU is usable"},
+    {"device", CFG_STR, "auto", NOB, OFF(device), CFG_ENGINE, "auto|cpu|cuda",
+     "compute device: auto = cuda when a usable GPU is found and the model runs there, else cpu (one log line "
+     "says why); cuda refuses to start without one"},
+    {"gpu-memory-utilization", CFG_DOUBLE, "0.9", 0.05, 1.0, OFF(gpu_memory_utilization), CFG_ENGINE, NULL,
+     "cuda: fraction of the GPU's total memory this process may use (weights + workspace + KV cache; the KV "
+     "cache gets what the weights and workspace leave, and --kv-cache-memory is ignored)"},
     {"speculative-config", CFG_STR, NULL, NOB, OFF(speculative_config), CFG_ENGINE, NULL,
      "vLLM-style JSON: {\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":K}"},
     {"draft", CFG_STR, NULL, NOB, OFF(draft), CFG_ENGINE, NULL, "EAGLE-3 draft head directory (same as speculative-config model)"},

@@ -93,7 +93,8 @@ typedef struct specd_config {
     int32_t http_threads;
     int32_t threads;           /* CPU compute threads, 0 = all cores */
     int32_t tensor_parallel_size; /* ranks (processes) the target is split across; 1 = no TP */
-    char *device;              /* "cpu" | "cuda" */
+    char *device;              /* "auto" | "cpu" | "cuda" */
+    double gpu_memory_utilization; /* cuda: fraction of total GPU memory, (0, 1] */
     char *speculative_config;  /* vLLM JSON */
     char *draft;               /* draft head directory */
     int32_t num_speculative_tokens; /* -1 = from --speculative-config or 3 */

@@ -4,6 +4,13 @@
 numpy only (CI has no torch), for the model_hf tests.
 
     gen_llama_hf_mini.py OUT_DIR [--expect tests/fixtures/model_hf/ref.json]
+    gen_llama_hf_mini.py OUT_DIR --smollm2-shape
+
+--smollm2-shape writes only OUT_DIR/smollm2_twin/: a seeded random Llama of
+SmolLM2-135M's shape (30 layers, hidden 576, 9 heads / 3 KV heads, head_dim
+64, MLP 1536, vocabulary 49152, tied embeddings, BF16, ~270 MB), for the GPU
+tests: the real GGUF cannot travel to the GPU machine, so the script
+regenerates the twin there (a few seconds).
 
 Writes OUT_DIR/<variant>/ for the variants below and OUT_DIR/bad_*/ (broken
 copies of "f32" that the loader must refuse). Weights come from
@@ -99,7 +106,8 @@ def make_weights(v):
     def norm(n):
         return (1.0 + 0.2 * rs.standard_normal(n)).astype(np.float32)
 
-    w = {"model.embed_tokens.weight": rs.standard_normal((VOCAB, H)).astype(np.float32)}
+    V = v.get("vocab", VOCAB)
+    w = {"model.embed_tokens.weight": rs.standard_normal((V, H)).astype(np.float32)}
     for l in range(v["layers"]):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = norm(H)
@@ -113,7 +121,7 @@ def make_weights(v):
         w[p + "mlp.down_proj.weight"] = lin(H, F)
     w["model.norm.weight"] = norm(H)
     if not v["tied"]:
-        w["lm_head.weight"] = lin(VOCAB, H, 3.0)
+        w["lm_head.weight"] = lin(V, H, 3.0)
     return w
 
 
@@ -121,7 +129,7 @@ def config_of(v):
     H, nh = v["hidden"], v["heads"]
     c = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": VOCAB, "hidden_size": H, "intermediate_size": v["ffn"],
+        "vocab_size": v.get("vocab", VOCAB), "hidden_size": H, "intermediate_size": v["ffn"],
         "num_hidden_layers": v["layers"], "num_attention_heads": nh, "num_key_value_heads": v["kv"],
         "hidden_act": "silu", "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": v["tied"], "attention_bias": False, "mlp_bias": False,
@@ -189,10 +197,18 @@ def write_bad(out):
     write_variant(out, "bad_kv_heads", v, config=c)
 
 
+SMOLLM2_TWIN = dict(dtype="BF16", tied=True, layers=30, hidden=576, heads=9, kv=3, head_dim=None, ffn=1536,
+                    vocab=49152, extra={"rope_theta": 100000.0, "max_position_embeddings": 8192}, shards=1, seed=135)
+
+
 def main():
     args = sys.argv[1:]
     if not args:
         sys.exit(__doc__)
+    if "--smollm2-shape" in args:
+        os.makedirs(args[0], exist_ok=True)
+        print(f"smollm2_twin: sha256 {write_variant(args[0], 'smollm2_twin', SMOLLM2_TWIN)}")
+        return 0
     out, expect = args[0], None
     if "--expect" in args:
         expect = json.load(open(args[args.index("--expect") + 1]))["sha256"]

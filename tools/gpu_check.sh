@@ -98,6 +98,14 @@ if awk -F'\t' '($1 == "configure" || $1 == "build") && $2 != 0 { f = 1 } END { e
 else
     # --- tests: `build` label (no GPU needed), then `gpu`
     run_step ctest_build 60 ctest --test-dir "$BUILD" -L build --output-on-failure --output-junit "$OUT/ctest_build.xml"
+    # the models of test_cuda_backend's model part, written with the system python (no venv travels):
+    # the SmolLM2-shaped twin (bf16, ~270 MB; the real GGUF cannot travel to the GPU machine) and the
+    # tiny HF checkpoints (the test reports any it does not find as absent)
+    if nvidia-smi -L >/dev/null 2>&1; then
+        run_step twin 90 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/twin" --smollm2-shape
+        run_step hf_mini 30 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/model_hf_mini" \
+            --expect "$ROOT/tests/fixtures/model_hf/ref.json"
+    fi
     run_step ctest_gpu 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 280 \
         --output-junit "$OUT/ctest_gpu.xml"
 fi

@@ -70,6 +70,7 @@ int model_place(model *m, specd_err *err) {
         model_vec_place(m, m->out_norm, c->hidden, &m->out_norm_t, err) < 0)
         return -1;
     /* a tied LM head is a view of the embedding (its vocabulary slice at TP > 1): keep it one */
+    m->embed_host = m->embed, m->lm_head_host = m->lm_head;
     const bool tied = c->tied_embeddings;
     const ptrdiff_t head_off = (const char *)m->lm_head.data - (const char *)m->embed.data;
     const int64_t head_rows = m->lm_head.rows;
@@ -291,7 +292,10 @@ const gguf_file *model_gguf(const model *m) { return m->gguf; }
 const char *model_path(const model *m) { return m->path; }
 int32_t model_kv_block_size(const model *m) { return m->block_size; }
 int32_t model_kv_n_blocks(const model *m) { return m->n_blocks; }
-const bk_weight *model_embed_weight(const model *m) { return &m->embed; }
+/* Host views (the draft's): on a device backend the model's own copies are in device memory. */
+const bk_weight *model_embed_weight(const model *m) { return m->be->host_visible ? &m->embed : &m->embed_host; }
 /* At TP > 1 this rank's LM head is a vocabulary slice; the draft gets the whole one (host-visible backends). */
-const bk_weight *model_lm_head_weight(const model *m) { return m->tp_size > 1 ? &m->lm_head_full : &m->lm_head; }
+const bk_weight *model_lm_head_weight(const model *m) {
+    return m->tp_size > 1 ? &m->lm_head_full : m->be->host_visible ? &m->lm_head : &m->lm_head_host;
+}
 backend *model_backend(const model *m) { return m->be; }

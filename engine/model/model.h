@@ -134,6 +134,8 @@ typedef struct model_batch {
 int model_forward(model *m, const model_batch *b, specd_err *err);
 
 /* The embedding and LM head, for a draft head that shares them (EAGLE-3). */
+/* Host memory views even when the model runs on a device backend (the GGUF /
+ * safetensors mapping stays open), so a draft may compute on a host backend. */
 const bk_weight *model_embed_weight(const model *m);   /* [vocab, H] */
 const bk_weight *model_lm_head_weight(const model *m); /* [vocab, H] (tied: same as embed) */
 backend *model_backend(const model *m);

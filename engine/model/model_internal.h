@@ -55,6 +55,8 @@ struct model {
     int32_t vocab_l;                  /* LM-head rows held (vocab / size when split, else vocab) */
     bool vocab_split;                 /* LM head vocabulary-parallel (logits all-gathered) */
     bk_weight lm_head_full;           /* the whole LM head as loaded (a view), for a draft that shares it */
+    bk_weight embed_host, lm_head_host; /* embed / lm_head as loaded (host views), kept by model_place for a
+                                          draft head on a host backend next to a device target */
     int64_t weight_bytes;             /* this rank's weight bytes (after slicing) */
 };
 

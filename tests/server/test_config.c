@@ -47,7 +47,8 @@ static void test_defaults(void **state) {
     assert_false(c.enable_prefix_caching);
     assert_int_equal(c.kv_cache_memory, 1024LL * 1024 * 1024);
     assert_int_equal(c.max_body_bytes, 8LL * 1024 * 1024);
-    assert_string_equal(c.device, "cpu");
+    assert_string_equal(c.device, "auto");
+    assert_true(c.gpu_memory_utilization == 0.9);
     assert_int_equal(c.num_speculative_tokens, -1);
     specd_config_free(&c);
 }
@@ -98,7 +99,7 @@ static void test_errors(void **state) {
     specd_config_free(&c);
     char *a4[] = {"--device", "tpu"};
     assert_int_equal(parse(&c, 2, a4, &err), -1);
-    assert_non_null(strstr(err.msg, "must be one of cpu|cuda"));
+    assert_non_null(strstr(err.msg, "must be one of auto|cpu|cuda"));
     specd_config_free(&c);
     char *a5[] = {"--kv-cache-memory", "lots"};
     assert_int_equal(parse(&c, 2, a5, &err), -1);

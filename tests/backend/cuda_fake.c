@@ -1,0 +1,230 @@
+/*
+ * cuda_fake.c: the fake CUDA runtime and kernel launchers behind
+ * test_cuda_glue.c (see cuda_fake/cuda_runtime_api.h), and the glue itself
+ * compiled against them (cuda_backend.c included below with every CUDA and
+ * kernel name renamed fake_*).
+ *
+ * Each fake launcher checks that every pointer it is given is "device"
+ * memory (inside a fake cudaMalloc; a host pointer counts a violation), then
+ * computes with the CPU backend's op on that memory, so the glue + model
+ * device path must reproduce the CPU backend bit for bit. The fake
+ * kn_add_rmsnorm refuses out == r like the real one (kernels/kn_norm.cu).
+ */
+#include "tests/backend/cuda_fake/cuda_runtime_api.h"
+#include <math.h>
+#ifndef SPECD_HAVE_CUDA
+#define SPECD_HAVE_CUDA 1
+#endif
+#include "engine/backend/cuda_backend.c"
+
+/* ------------------------------------------------------------ fake runtime */
+
+typedef struct fake_alloc { char *p; size_t n; } fake_alloc;
+static fake_alloc fake_allocs[64];
+static int fake_n_allocs;
+int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
+
+int fake_is_device(const void *p, size_t bytes) {
+    for (int i = 0; i < fake_n_allocs; i++)
+        if ((const char *)p >= fake_allocs[i].p && (const char *)p + bytes <= fake_allocs[i].p + fake_allocs[i].n) return 1;
+    return 0;
+}
+#define DEV(p, n)                                                                          \
+    do {                                                                                   \
+        if ((p) && !fake_is_device((p), (n))) {                                            \
+            fprintf(stderr, "FAKE: %s: %s (%p, %zu bytes) is not device memory\n", __func__, #p, (const void *)(p), \
+                    (size_t)(n));                                                          \
+            fake_violations++;                                                             \
+            return cudaErrorInvalidValue;                                                  \
+        }                                                                                  \
+    } while (0)
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+    if (fake_n_allocs == 64) return cudaErrorMemoryAllocation;
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!*p) return cudaErrorMemoryAllocation;
+    memset(*p, 0xA5, n); /* garbage, as device memory is: the glue must zero what it promises zeroed */
+    fake_allocs[fake_n_allocs++] = (fake_alloc){*p, n};
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    for (int i = 0; i < fake_n_allocs; i++)
+        if (fake_allocs[i].p == p) { fake_allocs[i] = fake_allocs[--fake_n_allocs]; free(p); return cudaSuccess; }
+    return cudaErrorInvalidValue;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = malloc(n ? n : 1);
+    if (*p) memset(*p, 0xA5, n); /* garbage: nothing may rely on fresh pinned memory being zero */
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+    (void)s;
+    if (kind == cudaMemcpyHostToDevice) DEV(dst, n);
+    else DEV(src, n);
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) { (void)s; DEV(dst, n); memset(dst, v, n); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) { (void)f; *s = (cudaStream_t)(uintptr_t)1; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) { (void)f; *e = (cudaEvent_t)(uintptr_t)1; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)8 << 30; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev) {
+    (void)dev;
+    snprintf(p->name, sizeof p->name, "fake device (host memory, CPU backend ops)");
+    return cudaSuccess;
+}
+int kn_probe(int dev, char *why, size_t n) {
+    if (why && n) why[0] = 0;
+    if (dev != 0) { snprintf(why, n, "fake: device %d requested, 1 visible", dev); return 101; }
+    return 0;
+}
+const char *kn_strerror(int code) {
+    static char b[64];
+    snprintf(b, sizeof b, "fake error %d", code);
+    return b;
+}
+
+/* ------------------------------------------------------------ fake launchers (CPU backend ops) */
+
+static backend *fake_cpu(void) {
+    static backend *b;
+    if (!b) b = bk_cpu_create(1);
+    return b;
+}
+#define F32(p, n) DEV((p), (size_t)(n) * 4)
+static size_t kn_wbytes(const kn_weight *w) { return (size_t)w->rows * w->row_bytes; }
+static bk_weight bkw(const kn_weight *w) { return (bk_weight){(bk_wtype)w->type, w->rows, w->cols, w->data, w->row_bytes, NULL}; }
+
+int kn_matmul(const kn_weight *w, const float *x, int32_t T, float *y, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    DEV(w->data, kn_wbytes(w)); F32(x, (size_t)T * w->cols); F32(y, (size_t)T * w->rows);
+    bk_weight bw = bkw(w);
+    bk_tensor xt = bk_wrap_f32((float *)x, T, w->cols), yt = bk_wrap_f32(y, T, w->rows);
+    return fake_cpu()->ops->matmul(fake_cpu()->ctx, &bw, &xt, &yt) ? cudaErrorInvalidValue : 0;
+}
+int kn_embed(const kn_weight *w, const int32_t *tok, int32_t T, float *out, int32_t *bad, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    DEV(w->data, kn_wbytes(w)); DEV(tok, (size_t)T * 4); F32(out, (size_t)T * w->cols);
+    if (bad) DEV(bad, 4);
+    bk_weight bw = bkw(w);
+    for (int32_t t = 0; t < T; t++) {
+        if (tok[t] < 0 || tok[t] >= w->rows) {
+            for (int64_t i = 0; i < w->cols; i++) out[(size_t)t * w->cols + i] = NAN;
+            if (bad) *bad = 1;
+            continue;
+        }
+        bk_weight_row_f32(&bw, tok[t], out + (size_t)t * w->cols);
+    }
+    return 0;
+}
+int kn_rmsnorm(const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(x, (size_t)T * dim); F32(g, dim); F32(out, (size_t)T * dim);
+    bk_tensor xt = bk_wrap_f32((float *)x, T, dim), gt = bk_wrap_f32((float *)g, 1, dim), ot = bk_wrap_f32(out, T, dim);
+    return fake_cpu()->ops->rmsnorm(fake_cpu()->ctx, &xt, &gt, eps, &ot);
+}
+int kn_add_rmsnorm(float *x, const float *r, const float *g, int32_t T, int32_t dim, float eps, float *out, void *stream) {
+    fake_kn_add_rmsnorm_calls++;
+    if (r && r == out) return cudaErrorInvalidValue; /* as kernels/kn_norm.cu */
+    F32(r, (size_t)T * dim);
+    if (r) for (size_t i = 0; i < (size_t)T * dim; i++) x[i] += r[i];
+    return kn_rmsnorm(x, g, T, dim, eps, out, stream);
+}
+int kn_rope(float *x, int32_t T, int32_t nh, int32_t hd, int32_t rot, const int32_t *pos, const float *invf, float ms,
+            int neox, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(x, (size_t)T * nh * hd); DEV(pos, (size_t)T * 4); F32(invf, rot / 2);
+    bk_attn_meta m = {T, pos, NULL, NULL, 0, NULL, NULL};
+    bk_tensor xt = bk_wrap_f32(x, T, (int64_t)nh * hd), ft = bk_wrap_f32((float *)invf, 1, rot / 2);
+    return fake_cpu()->ops->rope(fake_cpu()->ctx, &xt, nh, hd, rot, &m, &ft, ms, neox != 0);
+}
+int kn_silu_mul(const float *g, const float *u, int64_t n, float *out, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(g, n); F32(u, n); F32(out, n);
+    bk_tensor gt = bk_wrap_f32((float *)g, 1, n), ut = bk_wrap_f32((float *)u, 1, n), ot = bk_wrap_f32(out, 1, n);
+    return fake_cpu()->ops->silu_mul(fake_cpu()->ctx, &gt, &ut, &ot);
+}
+int kn_add(float *y, const float *x, int64_t n, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(y, n); F32(x, n);
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    return 0;
+}
+int kn_add_bias(float *y, const float *b, int32_t T, int64_t n, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(y, (size_t)T * n); F32(b, n);
+    for (int32_t t = 0; t < T; t++) for (int64_t i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
+    return 0;
+}
+int kn_copy_rows(float *dst, int64_t dld, const float *src, int64_t sld, int32_t T, int64_t n, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(dst, (size_t)(T - 1) * dld + n); F32(src, (size_t)(T - 1) * sld + n);
+    for (int32_t t = 0; t < T; t++) memcpy(dst + (size_t)t * dld, src + (size_t)t * sld, sizeof(float) * (size_t)n);
+    return 0;
+}
+/* the metadata as the CPU backend reads it: block-table rows of bt_stride entries */
+static int fake_meta(const kn_attn_batch *b, const kn_paged_kv *kv, bk_attn_meta *m, const int32_t **rows) {
+    DEV(b->pos, (size_t)b->n_tokens * 4); DEV(b->seq_of, (size_t)b->n_tokens * 4);
+    DEV(b->block_tables, (size_t)b->n_seqs * b->bt_stride * 4);
+    if (b->tree_mask) DEV(b->tree_mask, (size_t)b->n_tokens * b->n_tokens);
+    F32(kv->k, (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim);
+    F32(kv->v, (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim);
+    for (int32_t s = 0; s < b->n_seqs; s++) rows[s] = b->block_tables + (size_t)s * b->bt_stride;
+    for (int32_t t = 0; t < b->n_tokens; t++) /* what the kernel would read must be a valid block */
+        if (b->pos[t] + 1 > b->max_len || b->pos[t] / kv->block_size >= b->bt_stride ||
+            rows[b->seq_of[t]][b->pos[t] / kv->block_size] < 0 ||
+            rows[b->seq_of[t]][b->pos[t] / kv->block_size] >= kv->n_blocks) {
+            fprintf(stderr, "FAKE: token %d: position %d, max_len %d, stride %d: bad metadata\n", t, b->pos[t],
+                    b->max_len, b->bt_stride);
+            fake_violations++;
+            return cudaErrorInvalidValue;
+        }
+    *m = (bk_attn_meta){b->n_tokens, b->pos, b->seq_of, rows, b->n_seqs, b->tree_mask, NULL};
+    return 0;
+}
+int kn_kv_write(const kn_paged_kv *kv, const kn_attn_batch *b, const float *k, const float *v, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    const size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
+    F32(k, b->n_tokens * row); F32(v, b->n_tokens * row);
+    if (b->n_seqs > 256 || fake_meta(b, kv, &m, rows)) return cudaErrorInvalidValue;
+    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks, NULL, NULL};
+    bk_tensor kt = bk_wrap_f32((float *)k, b->n_tokens, (int64_t)row), vt = bk_wrap_f32((float *)v, b->n_tokens, (int64_t)row);
+    return fake_cpu()->ops->kv_write(fake_cpu()->ctx, &l, &m, &kt, &vt);
+}
+size_t kn_attn_scratch_bytes(int32_t T, int32_t nh, int32_t max_len, int32_t hd) {
+    size_t f = (size_t)T * nh * (size_t)((max_len + 255) / 256) * (size_t)(hd + 2) * 4;
+    return (f + 255) / 256 * 256;
+}
+int kn_attention(const kn_paged_kv *kv, const kn_attn_batch *b, const float *q, int32_t nh, float scale, float *out,
+                 void *scratch, size_t scratch_bytes, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    const size_t qd = (size_t)nh * kv->head_dim;
+    F32(q, b->n_tokens * qd); F32(out, b->n_tokens * qd);
+    DEV(scratch, scratch_bytes);
+    if (scratch_bytes < kn_attn_scratch_bytes(b->n_tokens, nh, b->max_len, kv->head_dim)) return cudaErrorInvalidValue;
+    if (b->n_seqs > 256 || fake_meta(b, kv, &m, rows)) return cudaErrorInvalidValue;
+    bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks, NULL, NULL};
+    bk_tensor qt = bk_wrap_f32((float *)q, b->n_tokens, (int64_t)qd), ot = bk_wrap_f32(out, b->n_tokens, (int64_t)qd);
+    return fake_cpu()->ops->attention(fake_cpu()->ctx, &l, &m, &qt, nh, scale, &ot);
+}

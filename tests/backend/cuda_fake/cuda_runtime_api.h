@@ -1,0 +1,88 @@
+/*
+ * cuda_fake/cuda_runtime_api.h: a FAKE CUDA runtime for test_cuda_glue.c, so
+ * that engine/backend/cuda_backend.c (the glue) runs on a machine without a
+ * GPU. Only what the glue calls. "Device memory" is host memory handed out by
+ * the fake cudaMalloc, which records every allocation so that the fake
+ * launchers (cuda_fake.c) can check that each device pointer they get lies in
+ * one (a host pointer reaching a device op fails the test), and copies check
+ * their device side the same way. Streams and events are synchronous.
+ * Never on the include path of a real build; every name is macro-renamed
+ * (fake_*) so the test links next to the real cudart and kernels.
+ */
+#ifndef SPECD_TESTS_CUDA_FAKE_RUNTIME_API_H
+#define SPECD_TESTS_CUDA_FAKE_RUNTIME_API_H
+
+#include <stddef.h>
+
+#define cudaMalloc fake_cudaMalloc
+#define cudaFree fake_cudaFree
+#define cudaMallocHost fake_cudaMallocHost
+#define cudaFreeHost fake_cudaFreeHost
+#define cudaMemcpyAsync fake_cudaMemcpyAsync
+#define cudaMemsetAsync fake_cudaMemsetAsync
+#define cudaStreamSynchronize fake_cudaStreamSynchronize
+#define cudaStreamCreateWithFlags fake_cudaStreamCreateWithFlags
+#define cudaStreamDestroy fake_cudaStreamDestroy
+#define cudaEventCreateWithFlags fake_cudaEventCreateWithFlags
+#define cudaEventDestroy fake_cudaEventDestroy
+#define cudaEventRecord fake_cudaEventRecord
+#define cudaEventSynchronize fake_cudaEventSynchronize
+#define cudaSetDevice fake_cudaSetDevice
+#define cudaMemGetInfo fake_cudaMemGetInfo
+#define cudaGetDeviceProperties fake_cudaGetDeviceProperties
+
+typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef struct fake_stream *cudaStream_t;
+typedef struct fake_event *cudaEvent_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+#define cudaStreamNonBlocking 1
+#define cudaEventDisableTiming 2
+struct cudaDeviceProp { char name[256]; };
+
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
+
+/* the kernels' C API, renamed the same way (cuda_fake.c implements them) */
+#define kn_probe fake_kn_probe
+#define kn_strerror fake_kn_strerror
+#define kn_matmul fake_kn_matmul
+#define kn_embed fake_kn_embed
+#define kn_rmsnorm fake_kn_rmsnorm
+#define kn_add_rmsnorm fake_kn_add_rmsnorm
+#define kn_rope fake_kn_rope
+#define kn_silu_mul fake_kn_silu_mul
+#define kn_add fake_kn_add
+#define kn_add_bias fake_kn_add_bias
+#define kn_copy_rows fake_kn_copy_rows
+#define kn_kv_write fake_kn_kv_write
+#define kn_attention fake_kn_attention
+#define kn_attn_scratch_bytes fake_kn_attn_scratch_bytes
+/* and the backend's own entry points, so both copies can live in one binary */
+#define bk_cuda_create fake_bk_cuda_create
+#define bk_cuda_destroy fake_bk_cuda_destroy
+#define bk_cuda_describe fake_bk_cuda_describe
+#define bk_cuda_arena_used fake_bk_cuda_arena_used
+#define bk_cuda_probe fake_bk_cuda_probe
+#define bk_cuda_mem_info fake_bk_cuda_mem_info
+#define bk_cuda_fixed_bytes fake_bk_cuda_fixed_bytes
+
+/* test hooks */
+int fake_is_device(const void *p, size_t bytes); /* [p, p + bytes) inside one fake cudaMalloc */
+extern int fake_violations;                      /* host pointers seen where device ones belong */
+extern int fake_kn_add_rmsnorm_calls, fake_kn_calls;
+
+#endif
