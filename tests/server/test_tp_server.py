@@ -2,12 +2,12 @@
 rank processes (the same binary re-executed, engine/comm/ranks.h), the official openai client.
 
 SmolLM2-135M (9 heads, 3 KV heads) at TP 3, references from outside the TP path:
-  - greedy tokens at TP 3 == greedy tokens of a TP 1 server on 6 chat prompts, 40 tokens each, except
+  - greedy tokens at TP 3 == greedy tokens of a TP 1 server on 8 chat prompts, 40 tokens each, except
     after a near-tie: the row-parallel sums differ from TP 1's in the last bits (logprobs agree to
     ~1e-4), so the first differing token, if any, must be one where TP 1's two candidates are within
     TIE = 0.01 nats (measured: one prompt flips at a 2e-5 gap), and the texts are compared up to it;
   - lossless at TP 3: with the committed EAGLE-3 head (k = 2), split like the target (its heads and MLP
-    across the ranks), the greedy text == plain TP 3 greedy, one request at a time and 6 at once, and its
+    across the ranks), the greedy text == plain TP 3 greedy, one request at a time and 8 at once, and its
     drafts are accepted (rate > 0.15, measured 0.21: a wrongly split head accepts next to nothing);
   - the openai client: chat, stream (deltas concatenate to the non-streamed text), n = 2;
   - TP 2 is refused at start with the reason (9 heads), exit code non-zero;
@@ -40,7 +40,7 @@ COMMON = ["--max-model-len", "512", "--kv-cache-memory", "32M", "--threads", "1"
           "--shutdown-timeout", "60"]
 PROMPTS = ["What is 17 + 25?", "Name three colours.", "Write one sentence about the sea.",
            "A farmer has 12 cows and buys 7 more. How many cows?", "Translate 'good morning' to French.",
-           "List the first five prime numbers."]
+           "List the first five prime numbers.", "Why is the sky blue?", "Write a haiku about autumn."]
 MAX_TOK = 40
 
 
