@@ -31,16 +31,6 @@ struct eagle3_tp {
 
 /* ------------------------------------------------------------ slicing */
 
-/* Bytes of n values of a row (n % 32 == 0 for Q8_0), 0 if it cannot be cut there. */
-static size_t span(bk_wtype t, int64_t n) {
-    switch (t) {
-    case BK_W_F32: return 4 * (size_t)n;
-    case BK_W_BF16:
-    case BK_W_F16: return 2 * (size_t)n;
-    case BK_W_Q8_0: return n % 32 ? 0 : (size_t)(n / 32) * 34;
-    default: return 0;
-    }
-}
 
 static void rows_view(bk_weight *w, int64_t r0, int64_t n) {
     w->data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
@@ -48,7 +38,7 @@ static void rows_view(bk_weight *w, int64_t r0, int64_t n) {
 }
 
 static int cols_copy(eagle3_head *h, bk_weight *w, int64_t c0, int64_t n) {
-    const size_t off = span(w->type, c0), len = span(w->type, n);
+    const size_t off = bk_row_span(w->type, c0), len = bk_row_span(w->type, n);
     if ((c0 && !off) || !len) return -1;
     uint8_t *d = head_own(h, len * (size_t)w->rows);
     if (!d) return -1;
@@ -73,8 +63,8 @@ int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *wh
     const int nhl = cf->n_heads / N, nkvl = cf->n_kv_heads % N == 0 ? cf->n_kv_heads / N : 1;
     const int kv0 = cf->n_kv_heads % N == 0 ? r * nkvl : r / (N / cf->n_kv_heads);
     /* the row-parallel inputs must be cut on whole blocks (Q8_0 after --draft-quantization) */
-    if ((r && !span(h->wo.type, (int64_t)r * nhl * hd)) || !span(h->wo.type, (int64_t)nhl * hd) ||
-        !span(h->wdown.type, (int64_t)cf->ffn / N) || (r && !span(h->wdown.type, (int64_t)r * (cf->ffn / N)))) {
+    if ((r && !bk_row_span(h->wo.type, (int64_t)r * nhl * hd)) || !bk_row_span(h->wo.type, (int64_t)nhl * hd) ||
+        !bk_row_span(h->wdown.type, (int64_t)cf->ffn / N) || (r && !bk_row_span(h->wdown.type, (int64_t)r * (cf->ffn / N)))) {
         snprintf(why, why_len, "o_proj / down_proj slices of %d / %d inputs would cut a 32-value block", nhl * hd,
                  cf->ffn / N);
         return 0;

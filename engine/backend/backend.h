@@ -45,6 +45,24 @@ typedef enum {
                    packed int32 [rows, cols/8], scales bf16 [rows, cols/32] */
 } bk_wtype;
 
+/* Bytes of n consecutive values of one row of a weight of type t, starting
+ * on a value whose index is a multiple of 32 for the block formats; 0 when n
+ * cuts a 32-value block (Q8_0 / Q4_x / I4G32 need n % 32 == 0). I4G32: the
+ * packed words only (its bf16 group scales are separate). Used to slice rows
+ * by columns (tensor parallelism). */
+static inline size_t bk_row_span(bk_wtype t, int64_t n) {
+    switch (t) {
+    case BK_W_F32: return 4 * (size_t)n;
+    case BK_W_BF16:
+    case BK_W_F16: return 2 * (size_t)n;
+    case BK_W_Q8_0: return n % 32 ? 0 : (size_t)(n / 32) * 34;
+    case BK_W_Q4_0: return n % 32 ? 0 : (size_t)(n / 32) * 18;
+    case BK_W_Q4_1: return n % 32 ? 0 : (size_t)(n / 32) * 20;
+    case BK_W_I4G32: return n % 32 ? 0 : (size_t)n / 2;
+    }
+    return 0;
+}
+
 typedef struct bk_weight {
     bk_wtype type;
     int64_t rows;       /* output features */

@@ -35,20 +35,6 @@
 #include "engine/model/model_internal.h"
 #include "engine/util/log.h"
 
-/* Bytes of `n` values of one row of a weight of type t (n % 32 == 0 for the
- * block formats), or 0 for a format that cannot be cut there. */
-static size_t span_bytes(bk_wtype t, int64_t n) {
-    switch (t) {
-    case BK_W_F32: return 4 * (size_t)n;
-    case BK_W_BF16:
-    case BK_W_F16: return 2 * (size_t)n;
-    case BK_W_Q8_0: return n % 32 ? 0 : (size_t)(n / 32) * 34;
-    case BK_W_Q4_0: return n % 32 ? 0 : (size_t)(n / 32) * 18;
-    case BK_W_Q4_1: return n % 32 ? 0 : (size_t)(n / 32) * 20;
-    case BK_W_I4G32: return n % 32 ? 0 : (size_t)n / 2; /* packed int32 words of 8 nibbles; bf16 scales per 32 */
-    default: return 0;
-    }
-}
 
 void model_slice_rows(bk_weight *w, int64_t r0, int64_t n) {
     w->data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
@@ -58,7 +44,7 @@ void model_slice_rows(bk_weight *w, int64_t r0, int64_t n) {
 #define slice_rows model_slice_rows
 
 int model_slice_cols(model *m, const char *what, bk_weight *w, int64_t c0, int64_t n, specd_err *err) {
-    const size_t off = span_bytes(w->type, c0), len = span_bytes(w->type, n);
+    const size_t off = bk_row_span(w->type, c0), len = bk_row_span(w->type, n);
     if ((c0 && !off) || !len)
         return specd_err_set(err, "tensor parallel size %d: %s cannot be split (%lld of its %lld input columns per "
                                   "rank would cut a 32-value block of its format)",

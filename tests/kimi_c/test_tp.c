@@ -28,32 +28,10 @@
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
 #include "tests/kimi_c/kimi_c_util.h"
+#include "tests/tp_test_util.h"
 
 static const char *g_self;
 
-static int worker_main(int argc, char **argv) {
-    ranks_worker w;
-    specd_err err = {{0}};
-    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 3) return 2;
-    comm *c = NULL;
-    if (ranks_worker_attach(&w, &c, &err) < 0) {
-        fprintf(stderr, "worker: %s\n", err.msg);
-        return 1;
-    }
-    model_comm mc;
-    tp_model_comm_shm(c, &mc);
-    backend *be = bk_cpu_create(1);
-    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = &mc};
-    model *m = NULL;
-    int rc = 1;
-    if (model_load(argv[2], be, &o, &m, &err) < 0) comm_abort(c, err.msg);
-    else if (tp_worker_run(c, m, &err) == 0) rc = 0;
-    if (rc) fprintf(stderr, "worker rank %d: %s\n", w.rank, err.msg);
-    model_destroy(m);
-    bk_cpu_destroy(be);
-    comm_destroy(c);
-    return rc;
-}
 
 static void test_tp2(void **st) {
     (void)st;
@@ -226,7 +204,7 @@ static void test_tp4_refused(void **st) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return worker_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return tp_test_worker_main(argc, argv, KC_BS, KC_MAXB);
     g_self = argv[0];
     kc_mini_dir("k25");
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_tp4_refused), cmocka_unit_test(test_tp2),

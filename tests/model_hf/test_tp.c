@@ -25,40 +25,10 @@
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
 #include "tests/model_hf/model_hf_util.h"
+#include "tests/tp_test_util.h"
 
 static const char *g_self;
 
-static int worker_main(int argc, char **argv) {
-    ranks_worker w;
-    specd_err err = {{0}};
-    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 3) {
-        fprintf(stderr, "tp worker: bad arguments: %s\n", err.msg);
-        return 2;
-    }
-    comm *c = NULL;
-    if (ranks_worker_attach(&w, &c, &err) < 0) {
-        fprintf(stderr, "tp worker: %s\n", err.msg);
-        return 1;
-    }
-    model_comm mc;
-    tp_model_comm_shm(c, &mc);
-    backend *be = bk_cpu_create(1);
-    model_load_opts o = {.block_size = MH_BS, .n_blocks = MH_MAXB * MH_NSEQ, .tp = &mc};
-    model *m = NULL;
-    int rc = 1;
-    if (model_load(argv[2], be, &o, &m, &err) < 0) {
-        fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-        comm_abort(c, err.msg);
-    } else if (tp_worker_run(c, m, &err) == 0) {
-        rc = 0;
-    } else {
-        fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-    }
-    model_destroy(m);
-    bk_cpu_destroy(be);
-    comm_destroy(c);
-    return rc;
-}
 
 typedef struct tp_case {
     ranks *rk;
@@ -191,7 +161,7 @@ static void test_refuses_tp3(void **s) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return worker_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return tp_test_worker_main(argc, argv, MH_BS, MH_MAXB * MH_NSEQ);
     g_self = argv[0];
     mh_dir("f32"); /* skip early if the checkpoints are absent */
     const struct CMUnitTest tests[] = {

@@ -93,6 +93,7 @@
 #include "engine/comm/ranks.h"
 #include "engine/runtime/engine_ex.h"
 #include "engine/runtime/tp.h"
+#include "tests/tp_test_util.h"
 #include "engine/runtime/sampler.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -297,32 +298,9 @@ static void greedy_reference(int32_t *out) {
 /* ---------------------------------------------------------------- setup */
 
 /* SPECD_TEST_TP=N (> 1): the target tensor-parallel over N rank processes
- * (this binary re-executed with --tp-worker; engine/comm/ranks.h), every
+ * (this binary re-executed with --tp-worker: tests/tp_test_util.h), every
  * forward (the reference enumeration's and the engine's) through rank 0's
- * tp_runner_forward; the draft whole on rank 0, as `specd serve` runs it. */
-static int tp_worker_main(int argc, char **argv) {
-    ranks_worker w;
-    specd_err err = {0};
-    comm *c = NULL;
-    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 3 || ranks_worker_attach(&w, &c, &err) < 0) {
-        fprintf(stderr, "tp worker: %s\n", err.msg);
-        return 1;
-    }
-    model_comm mc;
-    tp_model_comm_shm(c, &mc);
-    backend *be = bk_cpu_create(1);
-    model_load_opts mo = {.block_size = BS, .n_blocks = 2 * BATCH + 16, .tp = &mc};
-    model *m = NULL;
-    int rc = 1;
-    if (model_load(argv[2], be, &mo, &m, &err) != 0) comm_abort(c, err.msg);
-    else if (tp_worker_run(c, m, &err) == 0) rc = 0;
-    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-    model_destroy(m);
-    bk_cpu_destroy(be);
-    comm_destroy(c);
-    return rc;
-}
-
+ * tp_runner_forward; the draft whole on rank 0. */
 static int setup(void **state) {
     (void)state;
     const char *dir = getenv("SPECD_SAMPLING_FIXTURE_DIR");
@@ -515,7 +493,7 @@ static void test_sampling_e2e(void **state) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return tp_worker_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return tp_test_worker_main(argc, argv, BS, 2 * BATCH + 16);
     g_self = argv[0];
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_sampling_e2e)};
     return cmocka_run_group_tests(tests, setup, teardown);
