@@ -397,7 +397,11 @@ engine_stream *engine_submit(engine *e, const engine_request *r, void (*notify)(
     s->id = e->next_seq_id++;
     st->seq_id = s->id;
     s->stream = st;
-    sampler_rng_seed(&s->rng, r->sp.has_seed ? r->sp.seed : splitmix(&e->seed_state));
+    uint64_t seed = r->sp.has_seed ? r->sp.seed : splitmix(&e->seed_state);
+    sampler_rng_seed(&s->rng, seed);
+    /* the draft's stream: a function of the same seed, distinct from the target's */
+    uint64_t x = seed ^ 0xD3AF7C0DE5EED5EDull;
+    s->draft_seed = splitmix(&x);
     e->inbox[e->n_inbox++] = s;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);

@@ -70,6 +70,7 @@ typedef struct sched_seq {
     bool admitted_once;
     kv_seq kv;
     sampler_rng rng;
+    uint64_t draft_seed;          /* proposer seed_seq: the draft's sampling stream, from the request seed */
 
     int32_t k;                    /* speculative tokens per step (0 = none) */
     int32_t sched_new;            /* tokens in this step's batch */

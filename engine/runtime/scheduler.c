@@ -215,6 +215,8 @@ static void schedule(engine *e) {
         s->n_computed = hit;
         if (!s->admitted_once) {
             s->admitted_once = true;
+            if (e->proposer && e->proposer->ops->seed_seq)
+                e->proposer->ops->seed_seq(e->proposer->ctx, s->id, s->draft_seed);
             s->n_cached_prompt = hit < s->n_prompt ? hit : s->n_prompt;
             e->prompt_tokens += s->n_prompt;
             e->pc_queries += kv_prefix_caching(e->kv) ? s->n_tokens : 0;

@@ -47,6 +47,7 @@ typedef struct rig {
 } rig;
 
 static bool g_prefix_caching; /* rig_init: enable prefix caching */
+static bool g_adaptive;       /* rig_init: adaptive speculation */
 
 static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int32_t max_seqs, int32_t budget,
                      int32_t k, bool with_proposer) {
@@ -57,7 +58,6 @@ static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int3
     g->fp->wrong_every = 3;
     g->fp->q_temp = 2.0f;      /* flatter than p: often proposes ids outside top-k (p = 0) */
     g->fp->q_temp_odd = 0.08f; /* sharper than p: p/q < 1 on its favourite */
-    sampler_rng_seed(&g->fp->rng, 4242);
     g->prop = (spec_proposer){.ops = &fp_ops, .ctx = g->fp};
     g->d = fake_detok();
     engine_config cfg = {.max_model_len = max_len, .max_num_seqs = max_seqs, .max_num_batched_tokens = budget,
@@ -376,6 +376,77 @@ static void test_sampling_lossless(void **st) {
     }
 }
 
+/* Seeded sampling with SAMPLED drafts is reproducible: the same seeded
+ * request gives the same tokens alone, repeated on the same engine, and
+ * submitted mid-way into a batch of seven other sampling requests (its
+ * drafts and its accept/reject draws come from its own streams, seeded from
+ * its seed). Drafts must be both accepted and rejected for this to mean
+ * anything. */
+static void seeded_run(rig *g, const int32_t *p, int32_t n, int32_t n_others, result *out) {
+    sampling_params sp;
+    sampling_params_init(&sp);
+    sp.temperature = 1.0f;
+    sp.top_k = 6;
+    sp.max_tokens = 40;
+    sp.ignore_eos = true;
+    sp.has_seed = true;
+    engine_stream *o[8];
+    for (int32_t i = 0; i < n_others; i++) {
+        int32_t q[20];
+        make_prompt(q, 8 + i, 40 + i);
+        sampling_params so = sp;
+        so.seed = 900u + (uint64_t)i;
+        so.max_tokens = 20 + 3 * i;
+        o[i] = sub(g, q, 8 + i, &so);
+    }
+    specd_err err = {0};
+    for (int i = 0; i < 3 && n_others > 0; i++)
+        if (engine_step(g->e, &err) < 0) fail_msg("step: %s", err.msg);
+    sp.seed = 1234;
+    engine_stream *s = sub(g, p, n, &sp);
+    run_idle(g);
+    drain(s, out);
+    for (int32_t i = 0; i < n_others; i++) {
+        result r;
+        drain(o[i], &r);
+    }
+}
+
+static void seeded_reproducible(bool adaptive) {
+    g_adaptive = adaptive;
+    rig g1, g2;
+    rig_init(&g1, 256, 4, 96, 16, 256, 3, true);
+    rig_init(&g2, 256, 4, 96, 16, 256, 3, true);
+    g_adaptive = false;
+    g1.fp->q_temp_odd = g2.fp->q_temp_odd = 0; /* the same q whatever the sequence id */
+    int32_t p[10];
+    make_prompt(p, 10, 1);
+    result a, b, c;
+    seeded_run(&g1, p, 10, 0, &a);
+    seeded_run(&g1, p, 10, 0, &b);
+    seeded_run(&g2, p, 10, 7, &c);
+    assert_int_equal(a.n, 40);
+    assert_int_equal(b.n, 40);
+    assert_int_equal(c.n, 40);
+    assert_memory_equal(a.toks, b.toks, sizeof(int32_t) * 40);
+    assert_memory_equal(a.toks, c.toks, sizeof(int32_t) * 40);
+    for (int i = 0; i < 2; i++) {
+        rig *g = i ? &g2 : &g1;
+        if (g->fp->violations) fail_msg("proposer contract: %s", g->fp->first_violation);
+        engine_stats st;
+        engine_get_stats(g->e, &st);
+        printf("seeded (adaptive %d) engine %d: drafts %lld, draft tokens %lld, accepted %lld\n", adaptive, i,
+               (long long)st.spec_num_drafts_total, (long long)st.spec_num_draft_tokens_total,
+               (long long)st.spec_num_accepted_tokens_total);
+        assert_true(st.spec_num_accepted_tokens_total > 0);
+        assert_true(st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total);
+    }
+    rig_free(&g1);
+    rig_free(&g2);
+}
+
+static void test_seeded_sampling_reproducible(void **st) { (void)st; seeded_reproducible(false); }
+
 /* Prefix caching with speculation: hits feed the proposer the cached
  * positions' features from the aux cache (checked by the fake proposer: no
  * feature gaps, rows carry the right [token, position]); outputs stay equal to
@@ -429,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_lossless_k5),      cmocka_unit_test(test_greedy_lossless_preempt),
         cmocka_unit_test(test_stops_inside_block),      cmocka_unit_test(test_sampling_lossless),
         cmocka_unit_test(test_prefix_cache_with_speculation),
+        cmocka_unit_test(test_seeded_sampling_reproducible),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
