@@ -126,7 +126,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
         }
-        LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
+        LOG_INFO("draft: %s (%s), k = %d%s", b->spec.model, b->spec.method, b->spec.k,
+                 b->spec.adaptive ? " at most (adaptive)" : " (fixed)");
     } else {
         if (cfg->draft_aux_convention && strcmp(cfg->draft_aux_convention, "auto"))
             LOG_WARN("--draft-aux-convention %s has no effect without a draft", cfg->draft_aux_convention);
@@ -141,7 +142,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, specd_bun
                         .max_waiting = cfg->max_waiting,
                         .max_queue_time_s = cfg->max_queue_time,
                         .enable_prefix_caching = cfg->enable_prefix_caching,
-                        .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0};
+                        .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0,
+                        .spec_adaptive = b->spec.enabled && b->spec.adaptive};
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
         specd_err_wrap(err, "engine");
         goto fail;

@@ -335,6 +335,7 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     }
     int32_t k = r->sp.num_speculative_tokens < 0 ? e->cfg.num_speculative_tokens : r->sp.num_speculative_tokens;
     s->k = e->proposer ? k : 0;
+    spec_accept_init(&s->acc);
     s->t_submit = engine_now_s();
     return s;
 fail:
@@ -437,6 +438,8 @@ void engine_publish_stats(engine *e) {
     t->spec_num_draft_tokens_total = e->spec_draft_tokens;
     t->spec_num_accepted_tokens_total = e->spec_accepted;
     memcpy(t->spec_accepted_per_pos_total, e->spec_per_pos, sizeof e->spec_per_pos);
+    memcpy(t->spec_k_chosen_total, e->spec_k_chosen, sizeof e->spec_k_chosen);
+    t->spec_adaptive = e->proposer && e->cfg.spec_adaptive;
     t->forward_seconds_total = e->t_forward_s;
     t->spec_verify_forward_seconds_total = e->t_verify_forward_s;
     t->spec_verify_steps_total = e->verify_steps;

@@ -172,6 +172,7 @@ static void schedule(engine *e) {
     int32_t budget = e->cfg.max_num_batched_tokens;
     bool preempted = false;
     e->n_sched = 0;
+    if (e->proposer && e->cfg.spec_adaptive) spec_adapt_begin_step(e);
 
     /* running sequences, oldest first */
     for (size_t i = 0; i < e->n_running && budget > 0;) {
@@ -417,6 +418,7 @@ int sched_step(engine *e, specd_err *err) {
         double dt = e->t_last_forward_s;
         e->t_forward_s += dt;
         if (verify) e->t_verify_forward_s += dt, e->verify_steps++;
+        if (frc == 0 && e->proposer && e->cfg.spec_adaptive) spec_adapt_after_forward(e, dt);
         if (frc != 0) {
             LOG_ERROR("engine: step failed: %s", local.msg);
             for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);

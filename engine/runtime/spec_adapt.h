@@ -1,0 +1,107 @@
+/*
+ * spec_adapt.h: adaptive speculation (issue 20; docs/draft.md "Adaptive
+ * speculation"): per sequence and per step, the number of drafts k in 0..K
+ * that maximises expected emitted tokens per unit of engine time.
+ *
+ * Model. For a sequence whose conditional acceptance at draft position i is
+ * a_i = P(draft i accepted | drafts 1..i-1 accepted), a step with k drafts
+ * emits on average
+ *     E(k) = 1 + sum_{i=1..k} prod_{j=1..i} a_j
+ * tokens (the accepted run plus the correction or bonus token) and costs
+ *     T(k) = k * t_draft + t_verify[k]
+ * where t_draft is this sequence's share of one draft step and t_verify[k]
+ * its share of a target pass that verifies k + 1 tokens per sequence, both
+ * at the current batch size B: t_draft = d(B) / B, t_verify[k] =
+ * t(B (k + 1)) / B, with t(n) the wall time of a target pass of n tokens and
+ * d(r) that of one draft step over r sequences. k = argmax E(k) / T(k) (ties:
+ * the smaller k). k = 0 whenever drafting does not pay: low acceptance, or a
+ * batch large enough that t(n) grows with n (compute-bound verify).
+ *
+ * Acceptance (spec_accept): per position, a discounted Beta estimate with a
+ * prior, a_i = (s_i + W0 * a_{i-1}) / (n_i + W0) (a_0's prior is P0): a
+ * position never observed yet inherits the estimate of the one before it,
+ * so a sequence that drafts 2 with an excellent head tries 3 next (a fixed
+ * prior of 0.5 there kept it at 2 for good). Each observation discounts the
+ * earlier ones by GAMMA_OBS; a step that drafts nothing discounts them by
+ * GAMMA_IDLE, so a sequence that stopped drafting drifts back toward the
+ * prior and probes again now and then (its acceptance may have changed);
+ * and after SPEC_ADAPT_PROBE steps without drafts one step drafts a single
+ * token whatever the estimate says, so a head better than the prior at a
+ * batch where the prior does not pay is still discovered (cost: one draft
+ * step and one more verified token every SPEC_ADAPT_PROBE steps).
+ *
+ * Costs (spec_cost): t(n) comes from timed target passes at start-up
+ * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to the step
+ * budget, median of 3), then every step's measured pass updates its n (EWMA,
+ * weight 0.1: follows the context growing and a loaded machine, and heals a
+ * calibration pass that hit a busy moment); between measured n, linear
+ * interpolation. d(r) is an EWMA of the measured propose time per draft step,
+ * per r (r sequences drafting).
+ *
+ * Seeded sampling requests: their text depends on the k chosen at each step
+ * (speculative sampling draws differently from plain sampling), so their k
+ * must not depend on timings or on the batch. They use NOMINAL costs
+ * (batch 1, a draft step = SPEC_ADAPT_NOMINAL_DRAFT target steps, a pass of
+ * j tokens = 1 + SPEC_ADAPT_NOMINAL_SLOPE * (j - 1)): their k is a function
+ * of their own acceptance history only, so their text is reproducible.
+ *
+ * Threading: pure functions on caller-owned structs; the engine thread owns
+ * the engine's.
+ */
+#ifndef SPECD_RUNTIME_SPEC_ADAPT_H
+#define SPECD_RUNTIME_SPEC_ADAPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SPEC_ADAPT_KMAX 15         /* drafts per step at most (engine limit) */
+#define SPEC_ADAPT_P0 0.5          /* prior acceptance per position */
+#define SPEC_ADAPT_W0 1.0          /* prior weight, in observations */
+#define SPEC_ADAPT_GAMMA_OBS 0.95  /* discount per observation (memory ~20 observations; floor 0.5 / 21) */
+#define SPEC_ADAPT_GAMMA_IDLE 0.99 /* discount per step without drafts (back to the prior in ~100s of steps) */
+#define SPEC_ADAPT_PROBE 32        /* after this many steps without drafts, one step drafts 1 (explore) */
+#define SPEC_ADAPT_NOMINAL_DRAFT 0.05 /* seeded sampling: draft step / target pass of 1 token (CPU, hot vocab) */
+#define SPEC_ADAPT_NOMINAL_SLOPE 0.20 /* seeded sampling: extra cost per verified token / pass of 1 token (CPU) */
+#define SPEC_COST_N 256            /* target passes are tabulated for n = 1..SPEC_COST_N tokens */
+
+typedef struct spec_accept {
+    float s[SPEC_ADAPT_KMAX]; /* discounted acceptances at position i (0-based: draft i + 1) */
+    float n[SPEC_ADAPT_KMAX]; /* discounted observations at position i */
+    int32_t idle;             /* steps since the last one that drafted */
+} spec_accept;
+
+void spec_accept_init(spec_accept *a);
+/* One verify: N_DRAFT drafts, the first ACCEPTED accepted; REJECTED: draft
+ * ACCEPTED + 1 was seen and rejected (false when a stop ended the step). */
+void spec_accept_observe(spec_accept *a, int32_t n_draft, int32_t accepted, bool rejected);
+/* A step without drafts. */
+void spec_accept_idle(spec_accept *a);
+/* a_i for i < k into out [k] (each position's prior is the previous estimate). */
+void spec_accept_rates(const spec_accept *a, int32_t k, double *out);
+
+/* E(k) for conditional rates a [k]. */
+double spec_adapt_expected(const double *a, int32_t k);
+/* argmax over k in 0..kmax of E(k) / (k * t_draft + t_verify[k]); t_verify
+ * [kmax + 1] seconds (> 0). Ties go to the smaller k. */
+int32_t spec_adapt_choose(const double *a, int32_t kmax, double t_draft, const double *t_verify);
+
+typedef struct spec_cost {
+    double t[SPEC_COST_N + 1];       /* seconds of a target pass of n tokens (calibrated, then EWMA), 0 = none */
+    double d[SPEC_COST_N + 1];       /* EWMA seconds of one draft step over r sequences, 0 = none yet */
+} spec_cost;
+
+void spec_cost_init(spec_cost *c);
+bool spec_cost_ready(const spec_cost *c); /* at least one calibrated target point */
+void spec_cost_set_calibrated(spec_cost *c, int32_t n, double secs);
+/* Interpolated t(n) (n >= 1); 0 if not ready. */
+double spec_cost_target(const spec_cost *c, int32_t n);
+/* d(r): the measured value nearest r (below first), or PRIOR_SECS if none. */
+double spec_cost_draft(const spec_cost *c, int32_t r, double prior_secs);
+void spec_cost_observe_target(spec_cost *c, int32_t n, double secs);
+void spec_cost_observe_draft(spec_cost *c, int32_t r, double secs_per_step);
+/* Per-sequence shares at batch B (>= 1): *t_draft and t_verify [kmax + 1]. */
+void spec_cost_shares(const spec_cost *c, int32_t batch, int32_t kmax, double *t_draft, double *t_verify);
+/* The nominal (timing-free, batch-1) shares of seeded sampling requests. */
+void spec_cost_nominal(int32_t kmax, double *t_draft, double *t_verify);
+
+#endif
