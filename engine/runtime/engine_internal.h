@@ -179,6 +179,7 @@ void spec_aux_store(engine *e);
 bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit);
 bool spec_prefix_hits_ok(const engine *e);
 /* spec_adapt.c: adaptive speculation (see spec_adapt.h). */
+double engine_cost_clock(const engine *e);           /* runner.now, or engine_now_s */
 int spec_adapt_calibrate(engine *e);                 /* timed target passes; 0 or -1 (then fixed k) */
 void spec_adapt_begin_step(engine *e);               /* this step's cost shares (before spec_plan_k) */
 int32_t spec_adapt_k(const engine *e, const sched_seq *s); /* the k that pays most, 0..s->k */

@@ -318,9 +318,9 @@ static int run_batch(engine *e, specd_err *err) {
         .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
         .aux = e->n_aux > 0 ? e->aux : NULL,
     };
-    double t0 = engine_now_s();
+    double t0 = engine_cost_clock(e);
     int rc = e->runner.forward(e->runner.ctx, &b, err);
-    e->t_last_forward_s = engine_now_s() - t0;
+    e->t_last_forward_s = engine_cost_clock(e) - t0;
     return rc;
 oom:
     return specd_err_set(err, "engine: out of memory building a batch of %zu tokens", n_tok);

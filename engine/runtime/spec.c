@@ -184,13 +184,13 @@ void spec_propose(engine *e) {
     }
     for (size_t t = 0; t < n * (size_t)k_max; t++) e->p_tok[t] = -1;
     specd_err err = {0};
-    double t0 = engine_now_s();
+    double t0 = engine_cost_clock(e);
     if (e->proposer->ops->propose(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok,
                                   sampling ? e->p_q : NULL, &err) != 0) {
         LOG_WARN("engine: proposer failed, verifying without drafts: %s", err.msg);
         return;
     }
-    if (e->cfg.spec_adaptive) spec_cost_observe_draft(&e->cost, (int32_t)n, (engine_now_s() - t0) / (double)k_max);
+    if (e->cfg.spec_adaptive) spec_cost_observe_draft(&e->cost, (int32_t)n, (engine_cost_clock(e) - t0) / (double)k_max);
     for (size_t i = 0; i < n; i++) {
         sched_seq *s = e->p_seqs[i];
         int32_t nd = 0;

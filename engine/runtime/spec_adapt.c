@@ -13,6 +13,7 @@
  */
 #include "engine/runtime/engine_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,6 @@ void spec_accept_observe(spec_accept *a, int32_t n_draft, int32_t accepted, bool
     int32_t seen = accepted + (rejected ? 1 : 0); /* positions with an outcome */
     if (seen > n_draft) seen = n_draft;
     if (seen > SPEC_ADAPT_KMAX) seen = SPEC_ADAPT_KMAX;
-    if (n_draft > 0) a->idle = 0;
     for (int32_t i = 0; i < seen; i++) {
         a->s[i] = (float)(SPEC_ADAPT_GAMMA_OBS * a->s[i] + (i < accepted ? 1.0 : 0.0));
         a->n[i] = (float)(SPEC_ADAPT_GAMMA_OBS * a->n[i] + 1.0);
@@ -35,7 +35,6 @@ void spec_accept_observe(spec_accept *a, int32_t n_draft, int32_t accepted, bool
 }
 
 void spec_accept_idle(spec_accept *a) {
-    a->idle++;
     for (int32_t i = 0; i < SPEC_ADAPT_KMAX; i++) {
         a->s[i] = (float)(SPEC_ADAPT_GAMMA_IDLE * a->s[i]);
         a->n[i] = (float)(SPEC_ADAPT_GAMMA_IDLE * a->n[i]);
@@ -47,6 +46,14 @@ void spec_accept_rates(const spec_accept *a, int32_t k, double *out) {
     for (int32_t i = 0; i < k && i < SPEC_ADAPT_KMAX; i++) {
         out[i] = ((double)a->s[i] + SPEC_ADAPT_W0 * prior) / ((double)a->n[i] + SPEC_ADAPT_W0);
         prior = out[i];
+    }
+}
+
+void spec_accept_upper(const spec_accept *a, int32_t k, double *out) {
+    spec_accept_rates(a, k, out);
+    for (int32_t i = 0; i < k && i < SPEC_ADAPT_KMAX; i++) {
+        double u = out[i] + SPEC_ADAPT_UCB * sqrt(out[i] * (1.0 - out[i]) / ((double)a->n[i] + SPEC_ADAPT_W0));
+        out[i] = u < 1.0 ? u : 1.0;
     }
 }
 
@@ -150,6 +157,8 @@ void spec_cost_nominal(int32_t kmax, double *t_draft, double *t_verify) {
 
 /* ---------------------------------------------------------------- engine */
 
+double engine_cost_clock(const engine *e) { return e->runner.now ? e->runner.now(e->runner.ctx) : engine_now_s(); }
+
 /* Median of three timed target passes of n tokens of one scratch sequence
  * (positions 0..n-1, KV written into blocks held only for the calibration). */
 int spec_adapt_calibrate(engine *e) {
@@ -189,7 +198,7 @@ int spec_adapt_calibrate(engine *e) {
         double t[3];
         for (int r = 0; r < 3; r++) {
             specd_err err = {0};
-            double t0 = engine_now_s();
+            double t0 = engine_cost_clock(e);
             if (e->runner.forward(e->runner.ctx, &b, &err) != 0) {
                 LOG_WARN("engine: adaptive speculation: calibration pass of %d tokens failed (fixed k = %d): %s", n,
                          K, err.msg);
@@ -197,7 +206,7 @@ int spec_adapt_calibrate(engine *e) {
                 rc = -1;
                 goto done;
             }
-            t[r] = engine_now_s() - t0;
+            t[r] = engine_cost_clock(e) - t0;
         }
         double med = t[0] > t[1] ? (t[1] > t[2] ? t[1] : (t[0] > t[2] ? t[2] : t[0]))
                                  : (t[0] > t[2] ? t[0] : (t[1] > t[2] ? t[2] : t[1]));
@@ -225,7 +234,7 @@ void spec_adapt_begin_step(engine *e) {
 int32_t spec_adapt_k(const engine *e, const sched_seq *s) {
     const int32_t K = s->k > SPEC_ADAPT_KMAX ? SPEC_ADAPT_KMAX : s->k;
     double a[SPEC_ADAPT_KMAX];
-    spec_accept_rates(&s->acc, K, a);
+    spec_accept_upper(&s->acc, K, a);
     int32_t k;
     if (s->sp.has_seed && !sampler_is_greedy(&s->sp)) {
         double td, tv[SPEC_ADAPT_KMAX + 1];
@@ -236,7 +245,6 @@ int32_t spec_adapt_k(const engine *e, const sched_seq *s) {
     } else {
         k = spec_adapt_choose(a, K, e->ad_t_draft, e->ad_t_verify);
     }
-    if (k == 0 && K > 0 && s->acc.idle >= SPEC_ADAPT_PROBE) k = 1;
     return k;
 }
 

@@ -23,12 +23,13 @@
  * so a sequence that drafts 2 with an excellent head tries 3 next (a fixed
  * prior of 0.5 there kept it at 2 for good). Each observation discounts the
  * earlier ones by GAMMA_OBS; a step that drafts nothing discounts them by
- * GAMMA_IDLE, so a sequence that stopped drafting drifts back toward the
- * prior and probes again now and then (its acceptance may have changed);
- * and after SPEC_ADAPT_PROBE steps without drafts one step drafts a single
- * token whatever the estimate says, so a head better than the prior at a
- * batch where the prior does not pay is still discovered (cost: one draft
- * step and one more verified token every SPEC_ADAPT_PROBE steps).
+ * GAMMA_IDLE. The choice is optimistic (upper confidence bound, as in
+ * bandits): it uses a_i + UCB * sqrt(a_i (1 - a_i) / (n_i + W0)). A sequence
+ * that stopped drafting learns nothing more, but its counts shrink, its
+ * bound widens, and after a while it drafts again (its acceptance may have
+ * changed, or the batch); a greedy choice on the mean instead stayed at k = 0
+ * for good after an unlucky streak whenever the prior sat below the break-even
+ * acceptance. Price: a head that never agrees drafts on ~10% of steps.
  *
  * Costs (spec_cost): t(n) comes from timed target passes at start-up
  * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to the step
@@ -58,8 +59,8 @@
 #define SPEC_ADAPT_P0 0.5          /* prior acceptance per position */
 #define SPEC_ADAPT_W0 1.0          /* prior weight, in observations */
 #define SPEC_ADAPT_GAMMA_OBS 0.95  /* discount per observation (memory ~20 observations; floor 0.5 / 21) */
-#define SPEC_ADAPT_GAMMA_IDLE 0.99 /* discount per step without drafts (back to the prior in ~100s of steps) */
-#define SPEC_ADAPT_PROBE 32        /* after this many steps without drafts, one step drafts 1 (explore) */
+#define SPEC_ADAPT_GAMMA_IDLE 0.98 /* discount per step without drafts: the estimate grows uncertain */
+#define SPEC_ADAPT_UCB 1.0         /* the choice uses a_i + UCB * (its standard deviation) */
 #define SPEC_ADAPT_NOMINAL_DRAFT 0.05 /* seeded sampling: draft step / target pass of 1 token (CPU, hot vocab) */
 #define SPEC_ADAPT_NOMINAL_SLOPE 0.20 /* seeded sampling: extra cost per verified token / pass of 1 token (CPU) */
 #define SPEC_COST_N 256            /* target passes are tabulated for n = 1..SPEC_COST_N tokens */
@@ -67,7 +68,6 @@
 typedef struct spec_accept {
     float s[SPEC_ADAPT_KMAX]; /* discounted acceptances at position i (0-based: draft i + 1) */
     float n[SPEC_ADAPT_KMAX]; /* discounted observations at position i */
-    int32_t idle;             /* steps since the last one that drafted */
 } spec_accept;
 
 void spec_accept_init(spec_accept *a);
@@ -78,6 +78,8 @@ void spec_accept_observe(spec_accept *a, int32_t n_draft, int32_t accepted, bool
 void spec_accept_idle(spec_accept *a);
 /* a_i for i < k into out [k] (each position's prior is the previous estimate). */
 void spec_accept_rates(const spec_accept *a, int32_t k, double *out);
+/* The optimistic rates the choice uses: min(1, a_i + UCB * sqrt(a_i (1 - a_i) / (n_i + W0))). */
+void spec_accept_upper(const spec_accept *a, int32_t k, double *out);
 
 /* E(k) for conditional rates a [k]. */
 double spec_adapt_expected(const double *a, int32_t k);

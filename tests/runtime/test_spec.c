@@ -58,6 +58,10 @@ static void rig_init(rig *g, int32_t n_blocks, int32_t bs, int32_t max_len, int3
     assert_int_equal(fake_runner_init(&g->f, n_blocks, bs, &g->r), 0);
     g->f.sleep_us = g_sleep_us;
     g->f.sleep_us_per_token = g_sleep_us_per_token;
+    if (g_sleep_us || g_sleep_us_per_token) { /* deterministic costs: a virtual clock the fake forward advances */
+        g->f.virtual_time = true;
+        g->r.now = fake_now;
+    }
     g->fp = calloc(1, sizeof *g->fp);
     g->fp->wrong_every = 3;
     g->fp->q_temp = 2.0f;      /* flatter than p: often proposes ids outside top-k (p = 0) */
@@ -556,7 +560,11 @@ static void test_adapt_acceptance_estimate(void **st) {
     spec_accept_rates(&a, 1, r);
     assert_true(fabs(r[0] - w * p0 / (n + w)) < 1e-5);
     assert_true(r[0] > 0.2); /* back toward the prior */
-    assert_int_equal(a.idle, 300);
+    /* the choice's optimistic rates: mean + UCB standard deviations of the discounted counts */
+    double u[1];
+    spec_accept_upper(&a, 1, u);
+    assert_true(fabs(u[0] - fmin(1.0, r[0] + SPEC_ADAPT_UCB * sqrt(r[0] * (1 - r[0]) / (n + w)))) < 1e-5);
+    assert_true(u[0] > r[0]);
 }
 
 /* Engine runs with adaptive speculation on a fake runner whose pass costs
