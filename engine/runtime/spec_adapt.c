@@ -165,7 +165,8 @@ int spec_adapt_calibrate(engine *e) {
     spec_cost_init(&e->cost);
     const int32_t K = e->cfg.num_speculative_tokens > SPEC_ADAPT_KMAX ? SPEC_ADAPT_KMAX : e->cfg.num_speculative_tokens;
     if (K <= 0) return 0;
-    int32_t nmax = SPEC_COST_N;
+    int32_t nmax = 16 * (K + 1); /* 16 sequences verifying K + 1 each; beyond, t(n) is extrapolated */
+    if (nmax > SPEC_COST_N) nmax = SPEC_COST_N;
     if (nmax > e->cfg.max_num_batched_tokens) nmax = e->cfg.max_num_batched_tokens;
     if (nmax > e->cfg.max_model_len) nmax = e->cfg.max_model_len;
     int32_t pts[32], n_pts = 0;

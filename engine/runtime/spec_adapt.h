@@ -32,8 +32,8 @@
  * acceptance. Price: a head that never agrees drafts on ~10% of steps.
  *
  * Costs (spec_cost): t(n) comes from timed target passes at start-up
- * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to the step
- * budget, median of 3), then every step's measured pass updates its n (EWMA,
+ * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to 16 (K+1)
+ * and the step budget, median of 3; linear extrapolation past the last), then every step's measured pass updates its n (EWMA,
  * weight 0.1: follows the context growing and a loaded machine, and heals a
  * calibration pass that hit a busy moment); between measured n, linear
  * interpolation. d(r) is an EWMA of the measured propose time per draft step,
