@@ -51,10 +51,9 @@ void spec_accept_rates(const spec_accept *a, int32_t k, double *out) {
 
 void spec_accept_upper(const spec_accept *a, int32_t k, double *out) {
     spec_accept_rates(a, k, out);
-    for (int32_t i = 0; i < k && i < SPEC_ADAPT_KMAX; i++) {
-        double u = out[i] + SPEC_ADAPT_UCB * sqrt(out[i] * (1.0 - out[i]) / ((double)a->n[i] + SPEC_ADAPT_W0));
-        out[i] = u < 1.0 ? u : 1.0;
-    }
+    if (k < 1) return;
+    double u = out[0] + SPEC_ADAPT_UCB * sqrt(out[0] * (1.0 - out[0]) / ((double)a->n[0] + SPEC_ADAPT_W0));
+    out[0] = u < 1.0 ? u : 1.0;
 }
 
 /* ---------------------------------------------------------------- choice */

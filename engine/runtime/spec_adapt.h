@@ -23,8 +23,12 @@
  * so a sequence that drafts 2 with an excellent head tries 3 next (a fixed
  * prior of 0.5 there kept it at 2 for good). Each observation discounts the
  * earlier ones by GAMMA_OBS; a step that drafts nothing discounts them by
- * GAMMA_IDLE. The choice is optimistic (upper confidence bound, as in
- * bandits): it uses a_i + UCB * sqrt(a_i (1 - a_i) / (n_i + W0)). A sequence
+ * GAMMA_IDLE. The choice is optimistic about the first draft (upper
+ * confidence bound, as in bandits): it uses a_1 + UCB * sqrt(a_1 (1 - a_1) /
+ * (n_1 + W0)), the deeper positions at their means (so exploring costs one
+ * draft, not K: optimism at every position made the probes K drafts deep,
+ * as expensive as fixed K on this CPU; deeper positions are reached as the
+ * first one proves good, their priors chaining from it). A sequence
  * that stopped drafting learns nothing more, but its counts shrink, its
  * bound widens, and after a while it drafts again (its acceptance may have
  * changed, or the batch); a greedy choice on the mean instead stayed at k = 0
@@ -78,7 +82,8 @@ void spec_accept_observe(spec_accept *a, int32_t n_draft, int32_t accepted, bool
 void spec_accept_idle(spec_accept *a);
 /* a_i for i < k into out [k] (each position's prior is the previous estimate). */
 void spec_accept_rates(const spec_accept *a, int32_t k, double *out);
-/* The optimistic rates the choice uses: min(1, a_i + UCB * sqrt(a_i (1 - a_i) / (n_i + W0))). */
+/* The rates the choice uses: a_0 optimistic, min(1, a_0 + UCB * sqrt(a_0 (1 - a_0) / (n_0 + W0))),
+ * the deeper ones their means. */
 void spec_accept_upper(const spec_accept *a, int32_t k, double *out);
 
 /* E(k) for conditional rates a [k]. */

@@ -560,9 +560,11 @@ static void test_adapt_acceptance_estimate(void **st) {
     spec_accept_rates(&a, 1, r);
     assert_true(fabs(r[0] - w * p0 / (n + w)) < 1e-5);
     assert_true(r[0] > 0.2); /* back toward the prior */
-    /* the choice's optimistic rates: mean + UCB standard deviations of the discounted counts */
-    double u[1];
-    spec_accept_upper(&a, 1, u);
+    /* the choice's rates: the first draft's mean + UCB standard deviations of the discounted counts */
+    double u[2];
+    spec_accept_upper(&a, 2, u);
+    spec_accept_rates(&a, 2, r);
+    assert_true(fabs(u[1] - r[1]) < 1e-12); /* deeper positions: their means */
     assert_true(fabs(u[0] - fmin(1.0, r[0] + SPEC_ADAPT_UCB * sqrt(r[0] * (1 - r[0]) / (n + w)))) < 1e-5);
     assert_true(u[0] > r[0]);
 }

@@ -42,7 +42,8 @@
  * SPECD_SPEC_PROMPTS / SPECD_SPEC_NEW override the two numbers (quick runs);
  * SPECD_SPEC_RANDOM=0 leaves the random head out (a full run with the trained
  * head only); SPECD_SPEC_SHARD=i/n keeps every n-th prompt from i (parallel
- * single-thread processes; the script sums their counts).
+ * single-thread processes; the script sums their counts). SPECD_SPEC_FILTER
+ * (a cmocka test-name pattern, e.g. '*adaptive') runs only those tests.
  * Prompts: SPECD_PROMPTS_DIR or $SPECD_SOURCE_DIR/../shared/data/prompts
  * (mt_bench.jsonl); skipped (77) when absent, as when the model or python is.
  * Printed per (head, k, mode): acceptance length 1 + accepted/drafts,
@@ -503,5 +504,6 @@ int main(void) {
         cmocka_unit_test(test_trained_head_q8_0),
         cmocka_unit_test(test_trained_head_adaptive),
     };
+    if (getenv("SPECD_SPEC_FILTER")) cmocka_set_test_filter(getenv("SPECD_SPEC_FILTER")); /* e.g. *adaptive */
     return cmocka_run_group_tests(tests, setup, teardown);
 }
