@@ -37,11 +37,13 @@
  *
  * Costs (spec_cost): t(n) comes from timed target passes at start-up
  * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to 16 (K+1)
- * and the step budget, median of 3; linear extrapolation past the last), then every step's measured pass updates its n (EWMA,
- * weight 0.1: follows the context growing and a loaded machine, and heals a
- * calibration pass that hit a busy moment); between measured n, linear
- * interpolation. d(r) is an EWMA of the measured propose time per draft step,
- * per r (r sequences drafting).
+ * and the step budget, the fastest of 3 rounds interleaved over n); then
+ * each step's measured pass updates its own n (EWMA, weight 0.1) and moves
+ * the whole curve by (measured / predicted)^0.05, so it follows the context
+ * growing and a loaded machine, the n not visited lately included; between
+ * measured n, linear interpolation, past the last, linear extrapolation.
+ * d(r) is an EWMA of the measured propose time per draft step, per r
+ * (r sequences drafting).
  *
  * Seeded sampling requests: their text depends on the k chosen at each step
  * (speculative sampling draws differently from plain sampling), so their k
