@@ -7,7 +7,9 @@
  * has no KV yet:
  *   plan     spec_plan_k: k_eff = min(k, room left in the context, tokens
  *            left before max_tokens - 1, step budget - 1); KV is reserved for
- *            positions m .. m + k_eff.
+ *            positions m .. m + k_eff. With adaptive speculation k is the
+ *            sequence's choice in 0..K for this step (spec_adapt.c); k_eff = 0
+ *            makes it a plain decode step in the same batch.
  *   propose  spec_propose: ONE proposer call for all such sequences; drafts
  *            d_1..d_k are target ids; a -1 (or an id out of range) ends that
  *            sequence's drafts. q rows only when some sequence samples.
