@@ -131,13 +131,20 @@ double spec_cost_draft(const spec_cost *c, int32_t r, double prior_secs) {
 
 void spec_cost_observe_target(spec_cost *c, int32_t n, double secs) {
     if (n < 1 || n > SPEC_COST_N || !(secs > 0) || !spec_cost_ready(c)) return;
-    /* the whole curve follows the machine's load a little (the n not visited
-     * lately included), this n follows its own measurements */
+    /* the load: the whole curve moves by (measured / predicted)^0.1, the n
+     * not visited lately included (moving only the visited n made the others
+     * stale: under a rising load the plain pass looked dear next to a
+     * 4-token verify measured at a quieter time, and drafting looked cheap);
+     * the shape: this n moves a further ^0.05 toward its own measurement */
     double r = secs / spec_cost_target(c, n);
     r = r < 0.25 ? 0.25 : (r > 4.0 ? 4.0 : r);
-    const double g = pow(r, 0.05);
+    const double g = pow(r, 0.1);
     for (int32_t i = 1; i <= SPEC_COST_N; i++) c->t[i] *= g;
-    c->t[n] = c->t[n] > 0 ? 0.9 * c->t[n] + 0.1 * secs : secs;
+    if (c->t[n] > 0) { /* a calibrated n (others are interpolated between them) */
+        double r2 = secs / c->t[n];
+        r2 = r2 < 0.25 ? 0.25 : (r2 > 4.0 ? 4.0 : r2);
+        c->t[n] *= pow(r2, 0.05);
+    }
 }
 
 void spec_cost_observe_draft(spec_cost *c, int32_t r, double secs_per_step) {

@@ -38,10 +38,10 @@
  * Costs (spec_cost): t(n) comes from timed target passes at start-up
  * (engine spec_adapt_calibrate: n = 1..K+1 and (K+1) * 2^m up to 16 (K+1)
  * and the step budget, the fastest of 3 rounds interleaved over n); then
- * each step's measured pass updates its own n (EWMA, weight 0.1) and moves
- * the whole curve by (measured / predicted)^0.05, so it follows the context
- * growing and a loaded machine, the n not visited lately included; between
- * measured n, linear interpolation, past the last, linear extrapolation.
+ * each step's measured pass moves the whole curve by (measured /
+ * predicted)^0.1 (the load and the context growing, the n not visited lately
+ * included) and its own calibrated n a further ^0.05 (the shape); between
+ * calibrated n, linear interpolation, past the last, linear extrapolation.
  * d(r) is an EWMA of the measured propose time per draft step, per r
  * (r sequences drafting).
  *
