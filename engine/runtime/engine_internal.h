@@ -75,6 +75,7 @@ typedef struct sched_seq {
 
     int32_t k;                    /* speculative tokens per step at most (0 = none) */
     spec_accept acc;              /* adaptive speculation: this sequence's acceptance per position */
+    int32_t prop_n;               /* n_tokens at its last propose (0 = none yet) */
     int32_t sched_new;            /* tokens in this step's batch */
     int32_t sched_out;            /* index of its first logits row, -1 = none */
     int32_t sched_t0;             /* batch index of its first token */

@@ -175,9 +175,12 @@ void spec_propose(engine *e) {
         e->cap_q_rows = q_rows;
     }
     size_t j = 0;
+    bool steady = true; /* every proposing sequence drafted a step ago: no long catch-up inside the timing */
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
         if (s->sched_k <= 0) continue;
+        if (s->prop_n == 0 || s->n_tokens - s->prop_n > 16) steady = false;
+        s->prop_n = s->n_tokens;
         e->p_seqs[j] = s;
         e->p_ids[j] = s->id;
         e->p_k[j] = s->sched_k;
@@ -192,7 +195,8 @@ void spec_propose(engine *e) {
         LOG_WARN("engine: proposer failed, verifying without drafts: %s", err.msg);
         return;
     }
-    if (e->cfg.spec_adaptive) spec_cost_observe_draft(&e->cost, (int32_t)n, (engine_cost_clock(e) - t0) / (double)k_max);
+    if (e->cfg.spec_adaptive && steady)
+        spec_cost_observe_draft(&e->cost, (int32_t)n, (engine_cost_clock(e) - t0) / (double)k_max);
     for (size_t i = 0; i < n; i++) {
         sched_seq *s = e->p_seqs[i];
         int32_t nd = 0;

@@ -43,7 +43,10 @@
  * included) and its own calibrated n a further ^0.05 (the shape); between
  * calibrated n, linear interpolation, past the last, linear extrapolation.
  * d(r) is an EWMA of the measured propose time per draft step, per r
- * (r sequences drafting).
+ * (r sequences drafting), from steady proposes only: a propose after a
+ * prefill or after steps without drafts first runs the draft over every
+ * pair pending since (a 69-token prompt made one draft step look like 0.6
+ * of a target pass, and `specd generate` then never drafted again).
  *
  * Seeded sampling requests: their text depends on the k chosen at each step
  * (speculative sampling draws differently from plain sampling), so their k
