@@ -52,6 +52,9 @@
  *     position n - 1 on must then be re-sent with extend (re-sending from 0 is
  *     always fine: positions the draft already holds are skipped). Until they
  *     are, propose returns -1 for the sequence.
+ *   - seed_seq(seq, seed): the sequence's sampled drafts draw from its own RNG
+ *     seeded with SEED (one draw per sampled draft token), so a seeded
+ *     request's drafts are the same alone or in any batch.
  * Threading: engine thread only.
  */
 #ifndef SPECD_DRAFT_EAGLE3_H
@@ -74,7 +77,7 @@ typedef struct eagle3_opts {
     bool argmax_drafts;    /* true: argmax drafts with one-hot q even at temperature > 0 */
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
-    uint64_t seed;         /* draft sampling RNG seed */
+    uint64_t seed;         /* draft sampling RNG seed of sequences the engine does not seed (proposer seed_seq) */
     backend *be;           /* backend the head computes on (host-visible; not owned); NULL = the target's.
                             * A device target passes a CPU backend here: the target's embedding and LM head
                             * are read from their host views and the aux features arrive downloaded. */

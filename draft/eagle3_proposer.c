@@ -17,6 +17,13 @@
  *           batched over sequences).
  * Draft KV positions >= the last real pair + 1 hold speculative entries of
  * the last chain; they are overwritten by real pairs as they arrive.
+ * Sampling: each sequence draws its sampled drafts from its own RNG (rng),
+ * seeded by the engine from the request's seed (op_seed_seq; until then
+ * from opts.seed and the sequence id), one draw per sampled draft token, so
+ * a seeded request's drafts never depend on the batch or on other requests.
+ * A sequence that skips drafting for some steps (adaptive k = 0) only
+ * accumulates pending real pairs in its window; the next propose runs them
+ * all in one batched pass, so the draft KV is the same as if it had drafted.
  * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose);
  * n_kv <= n_feat <= n_tok; the block table covers every position written.
  * A truncate to n <= n_kv drops the window (n_kv = n - 1, n_feat = n_kv):
@@ -41,6 +48,7 @@ typedef struct e3_seq {
     int32_t wfeat_cap;         /* rows */
     int32_t *blocks;           /* block table */
     int32_t n_blocks, blocks_cap;
+    uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018): this sequence's draft draws */
 } e3_seq;
 
 typedef struct e3_proposer {
@@ -51,7 +59,6 @@ typedef struct e3_proposer {
     int32_t H, Vd, Vt;
     e3_seq **seqs;
     int32_t n_seqs, cap_seqs;
-    uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018) */
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -63,6 +70,16 @@ static uint64_t rng_next(uint64_t *s) {
     return r;
 }
 static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+/* splitmix64 expansion of one seed into a xoshiro state */
+static void rng_seed(uint64_t *s, uint64_t x) {
+    for (int i = 0; i < 4; i++) {
+        x += 0x9e3779b97f4a7c15ULL;
+        uint64_t z = x;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        s[i] = z ^ (z >> 31);
+    }
+}
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
     if (need <= *cap) return 0;
@@ -91,6 +108,7 @@ static e3_seq *seq_get(e3_proposer *P, int64_t id) {
     s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->id = id;
+    rng_seed(s->rng, (P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL) ^ ((uint64_t)id * 0xd1342543de82ef95ULL));
     P->seqs[P->n_seqs++] = s;
     return s;
 }
@@ -284,9 +302,9 @@ int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp
     return pickd < 0 ? best : pickd; /* u -> 1 with rounding: the mass is there */
 }
 
-static int32_t pick(e3_proposer *P, const float *lg, float temp, float *q) {
+static int32_t pick(e3_proposer *P, e3_seq *s, const float *lg, float temp, float *q) {
     const bool greedy = temp <= 0.0f || P->opts.argmax_drafts || !q;
-    return eagle3_pick(lg, P->Vd, eagle3_head_used(P->head), greedy ? 0.0f : temp, greedy ? 0.0 : rng_uniform(P->rng), q);
+    return eagle3_pick(lg, P->Vd, eagle3_head_used(P->head), greedy ? 0.0f : temp, greedy ? 0.0 : rng_uniform(s->rng), q);
 }
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
@@ -333,7 +351,7 @@ static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n
             const int32_t si = rows[r], ci = map[si];
             const float temp = temps ? temps[ci] : 0.0f;
             float *q = out_q ? out_q + ((size_t)ci * k_max + j) * P->Vt : NULL;
-            int32_t d = pick(P, lg + (size_t)r * Vd, temp, q);
+            int32_t d = pick(P, S[si], lg + (size_t)r * Vd, temp, q);
             out_tokens[(size_t)ci * k_max + j] = (int32_t)used[d];
             if (j + 1 >= k[ci]) continue;
             e3_seq *s = S[si];
@@ -368,6 +386,12 @@ static void op_truncate(void *ctx, int64_t id, int32_t n_ctx) {
     if (s) seq_truncate(P, s, n_ctx);
 }
 
+static void op_seed_seq(void *ctx, int64_t id, uint64_t seed) {
+    e3_proposer *P = ctx;
+    e3_seq *s = seq_get(P, id);
+    if (s) rng_seed(s->rng, seed); /* out of memory: extend reports it */
+}
+
 static void op_free_seq(void *ctx, int64_t id) {
     e3_proposer *P = ctx;
     int32_t i;
@@ -392,6 +416,7 @@ static const spec_proposer_ops EAGLE3_OPS = {
     .extend = op_extend,
     .propose = op_propose,
     .truncate = op_truncate,
+    .seed_seq = op_seed_seq,
     .free_seq = op_free_seq,
     .kv_usage = op_kv_usage,
 };
@@ -431,14 +456,6 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     P->Vd = eagle3_head_n_scored(P->head); /* rows of the draft logits: the draft vocab or its hot subset */
     P->opts.hot_vocab = NULL;              /* not owned past load */
     P->Vt = mc->vocab;
-    uint64_t x = P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL;
-    for (int i = 0; i < 4; i++) { /* splitmix64 seeding */
-        x += 0x9e3779b97f4a7c15ULL;
-        uint64_t z = x;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        P->rng[i] = z ^ (z >> 31);
-    }
     P->pub.ops = &EAGLE3_OPS;
     P->pub.ctx = P;
     *out = &P->pub;

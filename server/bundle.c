@@ -406,7 +406,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
         }
-        LOG_INFO("draft: %s (%s), k = %d", b->spec.model, b->spec.method, b->spec.k);
+        LOG_INFO("draft: %s (%s), k = %d%s", b->spec.model, b->spec.method, b->spec.k,
+                 b->spec.adaptive ? " at most (adaptive)" : " (fixed)");
         if (b->rk) { /* split like the target, or whole on rank 0 when its shapes do not divide */
             char why[160] = "";
             const int split = eagle3_head_tp_shard(eagle3_proposer_head(b->proposer), ranks_comm(b->rk), &b->tp_comm,
@@ -428,7 +429,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
                         .max_waiting = cfg->max_waiting,
                         .max_queue_time_s = cfg->max_queue_time,
                         .enable_prefix_caching = cfg->enable_prefix_caching,
-                        .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0};
+                        .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0,
+                        .spec_adaptive = b->spec.enabled && b->spec.adaptive};
     if (b->rk) { /* rank 0 posts every step to the workers before running its own shard */
         b->tp_run = (tp_runner){b->m, ranks_comm(b->rk)};
         ec.forward = tp_runner_forward;

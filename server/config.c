@@ -66,10 +66,13 @@ const cfg_option specd_serve_options[] = {
      "cuda: fraction of the GPU's total memory this process may use (weights + workspace + KV cache; the KV "
      "cache gets what the weights and workspace leave, and --kv-cache-memory is ignored)"},
     {"speculative-config", CFG_STR, NULL, NOB, OFF(speculative_config), CFG_ENGINE, NULL,
-     "vLLM-style JSON: {\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":K}"},
+     "vLLM-style JSON: {\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":K,\"adaptive\":true}"},
     {"draft", CFG_STR, NULL, NOB, OFF(draft), CFG_ENGINE, NULL, "EAGLE-3 draft head directory (same as speculative-config model)"},
     {"num-speculative-tokens", CFG_INT, "-1", -1, 16, OFF(num_speculative_tokens), CFG_ENGINE, NULL,
-     "draft tokens per step k (default 3 with a draft)"},
+     "draft tokens per step k (default 3 with a draft); with adaptive speculation the most per step"},
+    {"speculative-adaptive", CFG_BOOL, "true", NOB, OFF(speculative_adaptive), CFG_ENGINE, NULL,
+     "choose the drafts per step (0..k) for each sequence from its acceptance and the measured draft / verify costs "
+     "(docs/draft.md); --no-speculative-adaptive (or \"adaptive\": false in --speculative-config): always k"},
     {"draft-aux-convention", CFG_STR, "auto", NOB, OFF(draft_aux_convention), CFG_ENGINE, "auto|input|output",
      "how the head's explicit aux layer ids are read: input = residual entering layer i (vLLM), output = leaving "
      "layer i (SGLang/SpecForge eagle_config), auto = by the key's place (docs/draft.md)"},
@@ -409,6 +412,7 @@ int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err
     if (c->api_key && c->api_key_file) return specd_err_set(err, "--api-key and --api-key-file are exclusive");
     if (c->api_key && !*c->api_key) return specd_err_set(err, "--api-key is empty");
     int32_t k = -1;
+    bool json_adaptive = true;
     if (c->speculative_config) {
         json_error_t je;
         json_t *j = json_loads(c->speculative_config, 0, &je);
@@ -440,6 +444,12 @@ int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err
                     break;
                 }
                 k = (int32_t)json_integer_value(val);
+            } else if (!strcmp(key, "adaptive")) {
+                if (!json_is_boolean(val)) {
+                    rc = specd_err_set(err, "--speculative-config: adaptive must be true or false");
+                    break;
+                }
+                json_adaptive = json_is_true(val);
             } else {
                 rc = specd_err_set(err, "--speculative-config: unknown key \"%s\"", key);
                 break;
@@ -477,6 +487,7 @@ int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err
         if (k < 0) k = 3;
         spec->k = k;
         spec->enabled = k > 0;
+        spec->adaptive = json_adaptive && c->speculative_adaptive;
     }
     return 0;
 fail:

@@ -98,6 +98,7 @@ typedef struct specd_config {
     char *speculative_config;  /* vLLM JSON */
     char *draft;               /* draft head directory */
     int32_t num_speculative_tokens; /* -1 = from --speculative-config or 3 */
+    bool speculative_adaptive; /* adaptive k (engine_config.spec_adaptive); off if this or the JSON key is false */
     char *draft_aux_convention; /* "auto" | "input" | "output": how the head's explicit aux layer ids are read */
     char *draft_quantization;   /* "none" | "q8_0": re-quantize the head's float matrices at load (eagle3_opts.q8_0) */
     char *speculative_token_map; /* NULL or a vocab map: the draft's hot vocabulary (eagle3_opts.hot_vocab) */
@@ -111,7 +112,8 @@ typedef struct specd_spec {
     bool enabled;
     char method[32];      /* "eagle3" | "eagle" */
     char *model;          /* draft directory, malloc'd */
-    int32_t k;            /* num_speculative_tokens, 1..16 */
+    int32_t k;            /* num_speculative_tokens, 1..16: the most drafts per step */
+    bool adaptive;        /* choose k in 0..k per sequence and step; false = always k */
 } specd_spec;
 
 extern const cfg_option specd_serve_options[];
@@ -152,7 +154,8 @@ void specd_config_free(specd_config *c);
 
 /* Cross-flag checks and speculation resolution: api-key and api-key-file are
  * exclusive; --speculative-config JSON parsed (method eagle3|eagle, model,
- * num_speculative_tokens 1..16); --draft/--num-speculative-tokens agree with
+ * num_speculative_tokens 1..16, adaptive true|false (default true; false here
+ * or --no-speculative-adaptive: fixed k)); --draft/--num-speculative-tokens agree with
  * it. Fills *spec (free with specd_spec_free). Returns 0 or -1 with err. */
 int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err);
 void specd_spec_free(specd_spec *s);

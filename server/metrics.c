@@ -211,6 +211,12 @@ char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *le
         for (int i = 0; i < kmax; i++)
             sb_printf(&b, "specd_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %lld\n", i,
                       (long long)es->spec_accepted_per_pos_total[i]);
+        head(&b, "spec_decode_chosen_k_total", "counter",
+             "Decode steps of speculating sequences by the number of drafts planned (adaptive speculation's choice)");
+        for (int i = 0; i <= kmax && i < 16; i++)
+            sb_printf(&b, "specd_spec_decode_chosen_k_total{k=\"%d\"} %lld\n", i, (long long)es->spec_k_chosen_total[i]);
+        scalar(&b, "spec_decode_adaptive", "gauge", "1 when the drafts per step are chosen adaptively",
+               es->spec_adaptive ? 1.0 : 0.0);
         scalar(&b, "model_forward_seconds_total", "counter",
                "Engine-thread wall time in target forward passes (prefill included)",
                es->forward_seconds_total);

@@ -367,6 +367,7 @@ static sched_seq *seq_new(engine *e, const engine_request *r) {
     }
     int32_t k = r->sp.num_speculative_tokens < 0 ? e->cfg.num_speculative_tokens : r->sp.num_speculative_tokens;
     s->k = e->proposer ? k : 0;
+    spec_accept_init(&s->acc);
     s->t_submit = engine_now_s();
     return s;
 fail:
@@ -432,7 +433,11 @@ engine_stream *engine_submit(engine *e, const engine_request *r, void (*notify)(
     s->id = e->next_seq_id++;
     st->seq_id = s->id;
     s->stream = st;
-    sampler_rng_seed(&s->rng, r->sp.has_seed ? r->sp.seed : splitmix(&e->seed_state));
+    uint64_t seed = r->sp.has_seed ? r->sp.seed : splitmix(&e->seed_state);
+    sampler_rng_seed(&s->rng, seed);
+    /* the draft's stream: a function of the same seed, distinct from the target's */
+    uint64_t x = seed ^ 0xD3AF7C0DE5EED5EDull;
+    s->draft_seed = splitmix(&x);
     e->inbox[e->n_inbox++] = s;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -468,6 +473,8 @@ void engine_publish_stats(engine *e) {
     t->spec_num_draft_tokens_total = e->spec_draft_tokens;
     t->spec_num_accepted_tokens_total = e->spec_accepted;
     memcpy(t->spec_accepted_per_pos_total, e->spec_per_pos, sizeof e->spec_per_pos);
+    memcpy(t->spec_k_chosen_total, e->spec_k_chosen, sizeof e->spec_k_chosen);
+    t->spec_adaptive = e->proposer && e->cfg.spec_adaptive;
     t->forward_seconds_total = e->t_forward_s;
     t->spec_verify_forward_seconds_total = e->t_verify_forward_s;
     t->spec_verify_steps_total = e->verify_steps;

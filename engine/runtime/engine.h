@@ -140,6 +140,8 @@ typedef struct engine_stats {
     int64_t spec_num_accepted_tokens_total;
     int64_t spec_accepted_per_pos_total[16];
     int32_t spec_max_k;
+    bool spec_adaptive;
+    int64_t spec_k_chosen_total[16];      /* decode steps of speculating sequences by the k planned */
     /* time split (engine-thread wall seconds): every target forward pass
      * (runner.forward only, prefill included); those of steps with at least
      * one draft to verify (and how many such steps); every proposer call
@@ -163,6 +165,7 @@ typedef struct engine_config {
                                        FINISH_ERROR, error_status 503; <= 0 = wait forever */
     bool enable_prefix_caching;
     int32_t num_speculative_tokens; /* default k when a proposer is attached; 0 = off */
+    bool spec_adaptive;             /* choose k in 0..K per sequence and step (spec_adapt.h); false = fixed k */
     /* The target forward the engine calls, default model_forward on the
      * engine's model; tensor parallelism sets tp_runner_forward (tp.h), which
      * posts the batch to the worker ranks first. ctx must outlive the engine. */

@@ -30,6 +30,12 @@ typedef struct engine_runner {
     int32_t hidden;      /* H: width of one aux layer's feature (EAGLE-3 capture) */
     int32_t block_size;  /* KV tokens per block */
     int32_t n_blocks;    /* KV blocks in the pool */
+    /* Optional: the clock (seconds) of the engine's cost measurements, the
+     * forward and propose timings adaptive speculation learns from; NULL =
+     * monotonic wall time. A device runner may count device time here; the
+     * tests pass a virtual clock that only their fake forward advances, so
+     * the costs they set are exactly the costs the engine sees. */
+    double (*now)(void *ctx);
 } engine_runner;
 
 /* Incremental detokenizer (tok_stream semantics: only final UTF-8 bytes out). */

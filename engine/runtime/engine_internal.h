@@ -28,6 +28,7 @@
 #include "engine/runtime/postprocess.h"
 #include "engine/runtime/proposer.h"
 #include "engine/runtime/sampler.h"
+#include "engine/runtime/spec_adapt.h"
 
 struct engine_stream {
     pthread_mutex_t mu;
@@ -72,8 +73,11 @@ typedef struct sched_seq {
     bool admitted_once;
     kv_seq kv;
     sampler_rng rng;
+    uint64_t draft_seed;          /* proposer seed_seq: the draft's sampling stream, from the request seed */
 
-    int32_t k;                    /* speculative tokens per step (0 = none) */
+    int32_t k;                    /* speculative tokens per step at most (0 = none) */
+    spec_accept acc;              /* adaptive speculation: this sequence's acceptance per position */
+    int32_t prop_n;               /* n_tokens at its last propose (0 = none yet) */
     int32_t sched_new;            /* tokens in this step's batch */
     int32_t sched_out;            /* index of its first logits row, -1 = none */
     int32_t sched_t0;             /* batch index of its first token */
@@ -121,6 +125,9 @@ struct engine {
                              only with a proposer, aux layers and prefix caching */
     float *aux_gather; size_t cap_gather_rows;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted, spec_per_pos[16];
+    int64_t spec_k_chosen[16];    /* decode steps of speculating sequences by the k planned */
+    spec_cost cost;               /* adaptive speculation (spec_adapt.c): target / draft cost curves */
+    double ad_t_draft, ad_t_verify[SPEC_ADAPT_KMAX + 1]; /* this step's per-sequence cost shares, seconds */
     /* engine-thread wall time (engine_now_s), seconds: target forward passes,
      * the part of them in steps that verify drafts, and proposer calls
      * (propose + extend); engine_stats reports them */
@@ -160,7 +167,7 @@ void sched_seq_free(engine *e, sched_seq *s);
 
 /* spec.c: the speculative step pieces (see spec.c's header). */
 int spec_init(engine *e, specd_err *err);
-int32_t spec_plan_k(const engine *e, const sched_seq *s, int32_t budget);
+int32_t spec_plan_k(engine *e, sched_seq *s, int32_t budget);
 void spec_propose(engine *e);
 /* Verifies S's drafts on its logits rows, emits accepted + correction/bonus,
  * rolls back KV, feeds the proposer. */
@@ -174,6 +181,12 @@ void spec_aux_store(engine *e);
  * their stored features. False if that is impossible (no aux pool). */
 bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit);
 bool spec_prefix_hits_ok(const engine *e);
+/* spec_adapt.c: adaptive speculation (see spec_adapt.h). */
+double engine_cost_clock(const engine *e);           /* runner.now, or engine_now_s */
+int spec_adapt_calibrate(engine *e);                 /* timed target passes; 0 or -1 (then fixed k) */
+void spec_adapt_begin_step(engine *e);               /* this step's cost shares (before spec_plan_k) */
+int32_t spec_adapt_k(const engine *e, const sched_seq *s); /* the k that pays most, 0..s->k */
+void spec_adapt_after_forward(engine *e, double secs); /* online target cost update */
 int sched_append_token(sched_seq *s, int32_t tok);
 sampler_hist sched_hist(const sched_seq *s);
 

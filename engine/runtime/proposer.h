@@ -38,6 +38,12 @@ typedef struct spec_proposer_ops {
     void (*truncate)(void *ctx, int64_t seq_id, int32_t n_ctx);
     /* Frees everything of a sequence. */
     void (*free_seq)(void *ctx, int64_t seq_id);
+    /* Optional. Seeds the draft's sampling RNG of one sequence; the engine
+     * calls it once, when the sequence is first admitted (before any extend),
+     * with a seed derived from the request's seed. A proposer that samples
+     * drafts must draw only from that per-sequence state, so the drafts of a
+     * seeded request do not depend on the batch or on other requests. */
+    void (*seed_seq)(void *ctx, int64_t seq_id, uint64_t seed);
     /* Draft KV blocks (total, free) for /metrics. */
     void (*kv_usage)(void *ctx, int64_t *total, int64_t *free_blocks);
 } spec_proposer_ops;

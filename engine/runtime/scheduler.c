@@ -172,6 +172,7 @@ static void schedule(engine *e) {
     int32_t budget = e->cfg.max_num_batched_tokens;
     bool preempted = false;
     e->n_sched = 0;
+    if (e->proposer && e->cfg.spec_adaptive) spec_adapt_begin_step(e);
 
     /* running sequences, oldest first */
     for (size_t i = 0; i < e->n_running && budget > 0;) {
@@ -215,6 +216,8 @@ static void schedule(engine *e) {
         s->n_computed = hit;
         if (!s->admitted_once) {
             s->admitted_once = true;
+            if (e->proposer && e->proposer->ops->seed_seq)
+                e->proposer->ops->seed_seq(e->proposer->ctx, s->id, s->draft_seed);
             s->n_cached_prompt = hit < s->n_prompt ? hit : s->n_prompt;
             e->prompt_tokens += s->n_prompt;
             e->pc_queries += kv_prefix_caching(e->kv) ? s->n_tokens : 0;
@@ -315,9 +318,9 @@ static int run_batch(engine *e, specd_err *err) {
         .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
         .aux = e->n_aux > 0 ? e->aux : NULL,
     };
-    double t0 = engine_now_s();
+    double t0 = engine_cost_clock(e);
     int rc = e->runner.forward(e->runner.ctx, &b, err);
-    e->t_last_forward_s = engine_now_s() - t0;
+    e->t_last_forward_s = engine_cost_clock(e) - t0;
     return rc;
 oom:
     return specd_err_set(err, "engine: out of memory building a batch of %zu tokens", n_tok);
@@ -415,6 +418,7 @@ int sched_step(engine *e, specd_err *err) {
         double dt = e->t_last_forward_s;
         e->t_forward_s += dt;
         if (verify) e->t_verify_forward_s += dt, e->verify_steps++;
+        if (frc == 0 && e->proposer && e->cfg.spec_adaptive) spec_adapt_after_forward(e, dt);
         if (frc != 0) {
             LOG_ERROR("engine: step failed: %s", local.msg);
             for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);

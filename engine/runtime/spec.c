@@ -7,7 +7,9 @@
  * has no KV yet:
  *   plan     spec_plan_k: k_eff = min(k, room left in the context, tokens
  *            left before max_tokens - 1, step budget - 1); KV is reserved for
- *            positions m .. m + k_eff.
+ *            positions m .. m + k_eff. With adaptive speculation k is the
+ *            sequence's choice in 0..K for this step (spec_adapt.c); k_eff = 0
+ *            makes it a plain decode step in the same batch.
  *   propose  spec_propose: ONE proposer call for all such sequences; drafts
  *            d_1..d_k are target ids; a -1 (or an id out of range) ends that
  *            sequence's drafts. q rows only when some sequence samples.
@@ -75,6 +77,7 @@ int spec_init(engine *e, specd_err *err) {
         if (!e->aux_pool)
             return specd_err_set(err, "engine: out of memory for the aux feature cache (%zu slots)", slots);
     }
+    if (e->cfg.spec_adaptive) spec_adapt_calibrate(e); /* on failure: fixed k, logged */
     return 0;
 }
 
@@ -122,16 +125,19 @@ bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit) {
     return true;
 }
 
-int32_t spec_plan_k(const engine *e, const sched_seq *s, int32_t budget) {
+int32_t spec_plan_k(engine *e, sched_seq *s, int32_t budget) {
     if (!e->proposer || s->k <= 0 || s->n_computed != s->n_tokens - 1) return 0;
-    int32_t k = s->k;
+    int32_t k = e->cfg.spec_adaptive ? spec_adapt_k(e, s) : s->k;
     int32_t room_ctx = e->cfg.max_model_len - s->n_tokens;   /* positions m+1..m+k < max_model_len */
     int32_t room_out = s->pp.max_tokens - s->post.n_out - 1; /* the last token is always a correction/bonus */
     if (k > room_ctx) k = room_ctx;
     if (k > room_out) k = room_out;
     if (k > budget - 1) k = budget - 1;
     if (k > 15) k = 15;
-    return k > 0 ? k : 0;
+    if (k < 0) k = 0;
+    e->spec_k_chosen[k]++;
+    if (k == 0) spec_accept_idle(&s->acc);
+    return k;
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -169,9 +175,12 @@ void spec_propose(engine *e) {
         e->cap_q_rows = q_rows;
     }
     size_t j = 0;
+    bool steady = true; /* every proposing sequence drafted a step ago: no long catch-up inside the timing */
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
         if (s->sched_k <= 0) continue;
+        if (s->prop_n == 0 || s->n_tokens - s->prop_n > 16) steady = false;
+        s->prop_n = s->n_tokens;
         e->p_seqs[j] = s;
         e->p_ids[j] = s->id;
         e->p_k[j] = s->sched_k;
@@ -180,11 +189,14 @@ void spec_propose(engine *e) {
     }
     for (size_t t = 0; t < n * (size_t)k_max; t++) e->p_tok[t] = -1;
     specd_err err = {0};
+    double t0 = engine_cost_clock(e);
     if (e->proposer->ops->propose(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok,
                                   sampling ? e->p_q : NULL, &err) != 0) {
         LOG_WARN("engine: proposer failed, verifying without drafts: %s", err.msg);
         return;
     }
+    if (e->cfg.spec_adaptive && steady)
+        spec_cost_observe_draft(&e->cost, (int32_t)n, (engine_cost_clock(e) - t0) / (double)k_max);
     for (size_t i = 0; i < n; i++) {
         sched_seq *s = e->p_seqs[i];
         int32_t nd = 0;
@@ -236,6 +248,7 @@ void spec_verify_seq(engine *e, sched_seq *s) {
     const int32_t m = s->n_computed; /* position of x_m, the first verified token */
     const bool greedy = sampler_is_greedy(&s->sp);
     int32_t accepted = 0, last = -1;
+    bool rejected = false;
     finish_reason fin = FINISH_NONE;
     for (int32_t j = 0; j <= s->n_draft && fin == FINISH_NONE; j++) {
         const float *row = e->logits + (size_t)(s->sched_out + j) * (size_t)V;
@@ -263,9 +276,11 @@ void spec_verify_seq(engine *e, sched_seq *s) {
             accepted++;
             e->spec_per_pos[j < 16 ? j : 15]++;
         } else if (j < s->n_draft) {
+            rejected = true;
             break; /* correction emitted */
         }
     }
+    spec_accept_observe(&s->acc, s->n_draft, accepted, rejected);
     e->spec_drafts++;
     e->spec_draft_tokens += s->n_draft;
     e->spec_accepted += accepted;

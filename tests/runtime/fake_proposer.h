@@ -14,7 +14,12 @@
  * (a real "oracle"), with deterministic corruptions (draft j wrong when a
  * hash of (seq, n_tok, j) % wrong_every == 0), so acceptance is partial. When
  * the engine passes out_q and the temperature is > 0, drafts are instead
- * sampled from q = softmax(fake logits / q_temp), and q is returned.
+ * sampled from q = softmax(fake logits / q_temp), and q is returned, with
+ * the sequence's own RNG (seed_seq; a sequence the engine never seeded
+ * draws from a fixed state and counts a violation).
+ * Each proposal is recorded per sequence (k_seen: the k asked for) for the
+ * adaptive-speculation tests; wrong_odd makes every draft of an odd sequence
+ * id wrong (a head that never agrees with those sequences).
  * A fixed list of target ids can be forced through script_* for edge cases.
  */
 #ifndef SPECD_TESTS_FAKE_PROPOSER_H
@@ -39,7 +44,10 @@ typedef struct fake_prop {
     int eos_bias;           /* as fake_runner.eos_bias, for the oracle drafts */
     float q_temp;           /* sampling drafts: q = softmax(logits / q_temp) */
     float q_temp_odd;       /* if > 0, used instead for odd sequence ids */
-    sampler_rng rng;
+    sampler_rng rng[FP_MAX_SEQ];  /* per sequence, from seed_seq */
+    bool seeded[FP_MAX_SEQ];
+    int wrong_odd;          /* every draft of an odd sequence id is wrong */
+    long k_seen[FP_MAX_SEQ][16]; /* propose calls per sequence slot by k asked */
     int violations;
     char first_violation[256];
     int propose_calls, extend_calls, truncates, frees;
@@ -107,19 +115,22 @@ static inline int fp_propose(void *ctx, const int64_t *ids, const int32_t *k, in
         for (int32_t j = 0; j < k[i]; j++) {
             fake_logits(ctxbuf, nt + j, fp->eos_bias, l);
             int32_t d;
+            if (j == 0) fp->k_seen[id][k[i] < 16 ? k[i] : 15]++;
             if (out_q && temps[i] > 0.0f) {
+                if (!fp->seeded[id]) fp_violation(fp, "sampled drafts of a sequence the engine never seeded", ids[i], 0);
                 float *q = out_q + ((size_t)i * k_max + j) * FAKE_VOCAB;
                 float qt = fp->q_temp_odd > 0 && (ids[i] & 1) ? fp->q_temp_odd : fp->q_temp;
                 double mx = -1e30, sum = 0;
                 for (int v = 0; v < FAKE_VOCAB; v++) mx = l[v] / qt > mx ? l[v] / qt : mx;
                 for (int v = 0; v < FAKE_VOCAB; v++) sum += exp(l[v] / qt - mx);
                 for (int v = 0; v < FAKE_VOCAB; v++) q[v] = (float)(exp(l[v] / qt - mx) / sum);
-                d = sampler_draw(q, FAKE_VOCAB, sampler_rng_uniform(&fp->rng));
+                d = sampler_draw(q, FAKE_VOCAB, sampler_rng_uniform(&fp->rng[id]));
             } else {
                 d = 0;
                 for (int v = 1; v < FAKE_VOCAB; v++)
                     if (l[v] > l[d]) d = v;
-                if (fp->wrong_every > 0 && fake_mix((uint64_t)ids[i] * 1000003u + (uint64_t)nt * 31u + (uint64_t)j) %
+                if (fp->wrong_odd && (ids[i] & 1)) d = (d + 1) % (FAKE_VOCAB - 1);
+                else if (fp->wrong_every > 0 && fake_mix((uint64_t)ids[i] * 1000003u + (uint64_t)nt * 31u + (uint64_t)j) %
                                                    (uint64_t)fp->wrong_every == 0)
                     d = (d + 1) % (FAKE_VOCAB - 1);
                 if (out_q) out_q[((size_t)i * k_max + j) * FAKE_VOCAB + d] = 1.0f;
@@ -139,16 +150,24 @@ static inline void fp_truncate(void *ctx, int64_t id, int32_t n) {
     if (fp->n_feat[id] > n) fp->n_feat[id] = n;
 }
 
+static inline void fp_seed_seq(void *ctx, int64_t id, uint64_t seed) {
+    fake_prop *fp = ctx;
+    id %= FP_MAX_SEQ;
+    sampler_rng_seed(&fp->rng[id], seed);
+    fp->seeded[id] = true;
+}
+
 static inline void fp_free_seq(void *ctx, int64_t id) {
     fake_prop *fp = ctx;
     fp->frees++;
     id %= FP_MAX_SEQ;
     fp->n_tok[id] = fp->n_feat[id] = 0;
+    fp->seeded[id] = false;
 }
 
 static const spec_proposer_ops fp_ops = {
     .aux_layers = fp_aux_layers, .extend = fp_extend, .propose = fp_propose,
-    .truncate = fp_truncate,     .free_seq = fp_free_seq,
+    .truncate = fp_truncate,     .free_seq = fp_free_seq, .seed_seq = fp_seed_seq,
 };
 
 #endif

@@ -39,6 +39,9 @@ typedef struct fake_runner {
     int fail_next;         /* make the next forward fail */
     int eos_bias;          /* if > 0, EOS gets a high logit at every position >= eos_bias */
     int sleep_us;          /* per forward call (a slow model for timing tests) */
+    int sleep_us_per_token; /* and per batch token (a compute-bound model for the adaptive-k tests) */
+    bool virtual_time;     /* instead of sleeping, advance vclock (engine_runner.now = fake_now) */
+    double vclock;         /* seconds */
 } fake_runner;
 
 static inline uint64_t fake_mix(uint64_t h) {
@@ -65,8 +68,11 @@ static inline int fake_forward(void *ctx, const model_batch *b, specd_err *err) 
     f->last_n_seqs = b->n_seqs;
     f->last_n_out = b->n_out;
     if (b->n_tokens > f->max_tokens_seen) f->max_tokens_seen = b->n_tokens;
-    if (f->sleep_us > 0) {
-        struct timespec ts = {0, (long)f->sleep_us * 1000L};
+    if (f->virtual_time) {
+        f->vclock += 1e-6 * ((double)f->sleep_us + (double)f->sleep_us_per_token * b->n_tokens);
+    } else if (f->sleep_us > 0 || f->sleep_us_per_token > 0) {
+        long us = (long)f->sleep_us + (long)f->sleep_us_per_token * b->n_tokens;
+        struct timespec ts = {us / 1000000L, (us % 1000000L) * 1000L};
         nanosleep(&ts, NULL);
     }
     if (f->fail_next) {
@@ -98,6 +104,8 @@ static inline int fake_forward(void *ctx, const model_batch *b, specd_err *err) 
     }
     return 0;
 }
+
+static inline double fake_now(void *ctx) { return ((fake_runner *)ctx)->vclock; }
 
 static inline int fake_runner_init(fake_runner *f, int32_t n_blocks, int32_t block_size, engine_runner *r) {
     memset(f, 0, sizeof *f);

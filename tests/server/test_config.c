@@ -201,6 +201,7 @@ static void test_spec_resolution(void **state) {
     assert_string_equal(s.method, "eagle3");
     assert_string_equal(s.model, "/d");
     assert_int_equal(s.k, 4);
+    assert_true(s.adaptive); /* adaptive speculation by default */
     specd_spec_free(&s);
     specd_config_free(&c);
 
@@ -208,7 +209,27 @@ static void test_spec_resolution(void **state) {
     assert_int_equal(parse(&c, 2, a2, &err), 0);
     assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
     assert_int_equal(s.k, 3);
+    assert_true(s.adaptive);
     specd_spec_free(&s);
+    specd_config_free(&c);
+
+    /* fixed k: the JSON key or the flag */
+    char *a2b[] = {"--speculative-config", "{\"model\":\"/d\",\"adaptive\":false}"};
+    assert_int_equal(parse(&c, 2, a2b, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
+    assert_false(s.adaptive);
+    specd_spec_free(&s);
+    specd_config_free(&c);
+    char *a2c[] = {"--draft", "/d", "--no-speculative-adaptive"};
+    assert_int_equal(parse(&c, 3, a2c, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
+    assert_false(s.adaptive);
+    specd_spec_free(&s);
+    specd_config_free(&c);
+    char *a2d[] = {"--speculative-config", "{\"model\":\"/d\",\"adaptive\":1}"};
+    assert_int_equal(parse(&c, 2, a2d, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), -1);
+    assert_non_null(strstr(err.msg, "adaptive must be true or false"));
     specd_config_free(&c);
 
     char *a3[] = {"--speculative-config", "{\"model\":\"/d\",\"num_speculative_tokens\":4}", "--num-speculative-tokens",

@@ -62,10 +62,13 @@ def main():
     plain, perr = generate()
     assert "speculation:" not in perr, perr
     assert len(plain) > 20, plain
-    spec3, err3 = generate("--draft", HEAD, "--num-speculative-tokens", "3")
+    spec3, err3 = generate("--draft", HEAD, "--num-speculative-tokens", "3", "--no-speculative-adaptive")
     assert spec3 == plain, (spec3, plain)
     t3 = check_spec(err3, 3)
-    cfg = json.dumps({"method": "eagle3", "model": HEAD, "num_speculative_tokens": 2})
+    # adaptive (the default): still identical; it may draft less, so only the counters' consistency
+    spa, erra = generate("--draft", HEAD, "--num-speculative-tokens", "3")
+    assert spa == plain, (spa, plain)
+    cfg = json.dumps({"method": "eagle3", "model": HEAD, "num_speculative_tokens": 2, "adaptive": False})
     spec2, err2 = generate("--speculative-config", cfg)
     assert spec2 == plain, (spec2, plain)
     t2 = check_spec(err2, 2)

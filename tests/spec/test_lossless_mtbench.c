@@ -27,6 +27,12 @@
  *     accepted blocks, stops inside them and the draft's extend after them.
  *   - the trained head again with its matrices re-quantized to Q8_0 at load
  *     (--draft-quantization q8_0), k = 3 only: lossless and above the floor.
+ *   - the trained head with ADAPTIVE speculation (engine_config.spec_adaptive,
+ *     the server's default), at most 3 drafts: k chosen per sequence and step
+ *     from measured costs and acceptance, so k = 0 steps and k > 0 steps mix
+ *     in one batch and a sequence skips drafting for stretches (its draft KV
+ *     catching up at the next propose): still token-identical; both kinds of
+ *     step must occur (the chosen-k histogram is printed).
  * One engine per head, prefix caching ON (the realistic server setting; the
  * proposer is then fed cached features on hits), max_num_seqs 8, k chosen
  * per request (sampling_params.num_speculative_tokens).
@@ -36,7 +42,8 @@
  * SPECD_SPEC_PROMPTS / SPECD_SPEC_NEW override the two numbers (quick runs);
  * SPECD_SPEC_RANDOM=0 leaves the random head out (a full run with the trained
  * head only); SPECD_SPEC_SHARD=i/n keeps every n-th prompt from i (parallel
- * single-thread processes; the script sums their counts).
+ * single-thread processes; the script sums their counts). SPECD_SPEC_FILTER
+ * (a cmocka test-name pattern, e.g. '*adaptive') runs only those tests.
  * Prompts: SPECD_PROMPTS_DIR or $SPECD_SOURCE_DIR/../shared/data/prompts
  * (mt_bench.jsonl); skipped (77) when absent, as when the model or python is.
  * Printed per (head, k, mode): acceptance length 1 + accepted/drafts,
@@ -389,13 +396,14 @@ static double report(const char *head, int32_t k, const char *mode, const engine
  * once (8 running). q8_0: the head's matrices re-quantized at load
  * (eagle3_opts.q8_0, serve --draft-quantization q8_0). Returns tau at k = 3
  * (concurrent pass). */
-static double run_head(const char *dir, const char *name, bool q8_0, const int32_t *ks, int nks) {
+static double run_head(const char *dir, const char *name, bool q8_0, bool adaptive, const int32_t *ks, int nks) {
     spec_proposer *prop = NULL;
     specd_err err = {{0}};
     eagle3_opts eo = {.q8_0 = q8_0};
     if (eagle3_load(dir, g_model, &eo, &prop, &err) != 0) fail_msg("eagle3_load %s: %s", dir, err.msg);
     engine_config cfg = {.max_model_len = g_max_len, .max_num_seqs = CONC, .max_num_batched_tokens = 512,
-                         .max_waiting = 256, .enable_prefix_caching = true, .num_speculative_tokens = 5};
+                         .max_waiting = 256, .enable_prefix_caching = true, .num_speculative_tokens = 5,
+                         .spec_adaptive = adaptive};
     engine *e = NULL;
     if (engine_create(&cfg, g_model, g_tok, &e, &err) != 0) fail_msg("engine_create: %s", err.msg);
     if (engine_set_proposer(e, prop, &err) != 0) fail_msg("engine_set_proposer: %s", err.msg);
@@ -419,6 +427,16 @@ static double run_head(const char *dir, const char *name, bool q8_0, const int32
         engine_get_stats(e, &b);
         double t = report(name, k, "concurrent", &a, &b, cpu_s() - c0);
         if (k == 3) tau3 = t;
+        if (adaptive) {
+            int64_t kpos = 0;
+            printf("%-8s k<=%d adaptive: chosen k (serial + concurrent):", name, k);
+            for (int j = 0; j <= k; j++) {
+                printf(" %d:%lld", j, (long long)b.spec_k_chosen_total[j]);
+                if (j > 0) kpos += b.spec_k_chosen_total[j];
+            }
+            printf("\n");
+            assert_true(b.spec_k_chosen_total[0] > 0 && kpos > 0); /* k = 0 and k > 0 steps both ran */
+        }
         assert_int_equal(b.kv_blocks_free, b.kv_blocks_total);
         assert_int_equal(b.draft_kv_blocks_free, b.draft_kv_blocks_total);
     }
@@ -436,7 +454,7 @@ static void test_random_head(void **state) {
         printf("random head: not run (SPECD_SPEC_RANDOM=0)\n");
         skip();
     }
-    run_head(g_rand_head, "random", false, KS, 3);
+    run_head(g_rand_head, "random", false, false, KS, 3);
 }
 
 static void test_trained_head(void **state) {
@@ -445,7 +463,7 @@ static void test_trained_head(void **state) {
         printf("trained head: draft/heads/smollm2-135m-eagle3 not present (SPECD_SPEC_TRAINED_HEAD unset); not run\n");
         skip();
     }
-    double tau3 = run_head(g_trained_head, "trained", false, KS, 3);
+    double tau3 = run_head(g_trained_head, "trained", false, false, KS, 3);
     double floor = getenv("SPECD_SPEC_MIN_TAU") ? atof(getenv("SPECD_SPEC_MIN_TAU")) : TRAINED_HEAD_MIN_TAU_K3;
     if (floor > 0 && tau3 < floor) fail_msg("trained head: acceptance length %.3f at k=3 is below the floor %.3f", tau3, floor);
 }
@@ -460,10 +478,23 @@ static void test_trained_head_q8_0(void **state) {
         skip();
     }
     static const int32_t k3[1] = {3};
-    double tau3 = run_head(g_trained_head, "trained-q8_0", true, k3, 1);
+    double tau3 = run_head(g_trained_head, "trained-q8_0", true, false, k3, 1);
     double floor = getenv("SPECD_SPEC_MIN_TAU") ? atof(getenv("SPECD_SPEC_MIN_TAU")) : TRAINED_HEAD_MIN_TAU_K3;
     if (floor > 0 && tau3 < floor)
         fail_msg("trained head, q8_0: acceptance length %.3f at k=3 is below the floor %.3f", tau3, floor);
+}
+
+/* Adaptive speculation (the server default) with the trained head, at most 3
+ * drafts: lossless whatever k each sequence picks at each step; no floor
+ * (adaptive k drafts less where acceptance is low, by design). */
+static void test_trained_head_adaptive(void **state) {
+    (void)state;
+    if (!g_trained_head[0]) {
+        printf("trained head (adaptive): draft/heads/smollm2-135m-eagle3 not present; not run\n");
+        skip();
+    }
+    static const int32_t k3[1] = {3};
+    run_head(g_trained_head, "trained-adaptive", false, true, k3, 1);
 }
 
 int main(void) {
@@ -471,6 +502,8 @@ int main(void) {
         cmocka_unit_test(test_random_head),
         cmocka_unit_test(test_trained_head),
         cmocka_unit_test(test_trained_head_q8_0),
+        cmocka_unit_test(test_trained_head_adaptive),
     };
+    if (getenv("SPECD_SPEC_FILTER")) cmocka_set_test_filter(getenv("SPECD_SPEC_FILTER")); /* e.g. *adaptive */
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,11 @@ time (end to end: prefill included), the server's mean TPOT (decode only,
 position) and the time split per verify step (target forward, draft
 propose). Ratios are against k = 0, per round and pooled over rounds.
 
+Configurations (--ks): "0" is plain decoding; "K" is speculation with at most K drafts per step in the
+server's default mode (adaptive: k in 0..K chosen per sequence and step, docs/draft.md); "Kf" is fixed k = K
+(--no-speculative-adaptive). Each configuration also reports the chosen-k distribution of its decode steps
+(specd_spec_decode_chosen_k_total), as fractions.
+
 Stdlib only; reuses eval_acceptance.py's helpers.
 
 Usage: bench_batch1.py --head DIR [--binary build/server/specd] [--set gsm8k_test] [--n 16]
@@ -29,9 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from eval_acceptance import chat, counters, free_port, metrics, questions, server_args, server_cmd  # noqa: E402
 
 
-def start(a, k):
+def kval(label):
+    """The draft count of a --ks label ("3" adaptive, "3f" fixed, "0" plain)."""
+    return int(label[:-1]) if label.endswith("f") else int(label)
+
+
+def start(a, label):
     port = free_port()
-    srv = subprocess.Popen(server_cmd(a, k, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = server_cmd(a, kval(label), port) + (["--no-speculative-adaptive"] if label.endswith("f") else [])
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return srv, f"http://127.0.0.1:{port}"
 
 
@@ -47,9 +58,20 @@ def wait_ready(base, srv):
     raise SystemExit(f"server {base} not ready")
 
 
-def summarize(k, toks, secs, m0, m1, p0, p1):
-    return {"k": k, "completion_tokens": toks, "seconds": round(secs, 2), "output_tok_s": round(toks / secs, 2),
-            **counters(k, m0, m1, p0, p1)}
+def chosen_k(m0, m1):
+    """Fractions of decode steps by the k planned (adaptive speculation's choice), between two snapshots."""
+    pre = 'specd_spec_decode_chosen_k_total{k="'
+    d = {int(key[len(pre):-2]): m1[key] - m0.get(key, 0) for key in m1 if key.startswith(pre)}
+    tot = sum(d.values())
+    return {str(k): round(v / tot, 3) for k, v in sorted(d.items())} if tot > 0 else {}
+
+
+def summarize(label, toks, secs, m0, m1, p0, p1):
+    r = {"k": label, "completion_tokens": toks, "seconds": round(secs, 2), "output_tok_s": round(toks / secs, 2),
+         **counters(kval(label), m0, m1, p0, p1)}
+    if kval(label) > 0:
+        r["chosen_k"] = chosen_k(m0, m1)
+    return r
 
 
 def main():
@@ -57,12 +79,13 @@ def main():
     server_args(ap, 16, "0,1,2,3", 2)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    ks = [int(x) for x in a.ks.split(",")]
-    if 0 not in ks or len(set(ks)) != len(ks):
-        raise SystemExit("--ks must include 0 (the plain baseline) and name each k once")
+    ks = a.ks.split(",")
+    if "0" not in ks or len(set(ks)) != len(ks) or any(not x.rstrip("f").isdigit() for x in ks):
+        raise SystemExit("--ks must include 0 (the plain baseline) and name each configuration (K or Kf) once")
     qs = questions(a.set, a.n)
     servers = {}
     rounds = []
+    first = snap1 = None
     try:
         for k in ks:
             servers[k] = start(a, k)
@@ -73,6 +96,7 @@ def main():
             toks = {k: 0 for k in ks}
             secs = {k: 0.0 for k in ks}
             snap0 = {k: metrics(servers[k][1]) for k in ks}
+            first = first if rd else snap0
             for i, q in enumerate(qs):
                 order = ks if (i + rd) % 2 == 0 else ks[::-1]  # alternate who goes first
                 for k in order:
@@ -82,7 +106,7 @@ def main():
             time.sleep(0.3)  # the last request's latency histograms are recorded just after its response
             snap1 = {k: metrics(servers[k][1]) for k in ks}
             res = [summarize(k, toks[k], secs[k], snap0[k][0], snap1[k][0], snap0[k][1], snap1[k][1]) for k in ks]
-            base = next(r for r in res if r["k"] == 0)
+            base = next(r for r in res if r["k"] == "0")
             for r in res:
                 r["speedup_output_tok_s"] = round(r["output_tok_s"] / base["output_tok_s"], 3)
                 if "mean_tpot_ms" in r and "mean_tpot_ms" in base:
@@ -102,13 +126,15 @@ def main():
         t = sum(r[j]["completion_tokens"] for r in rounds)
         s = sum(r[j]["seconds"] for r in rounds)
         pooled.append({"k": k, "output_tok_s": round(t / s, 2)})
+        if kval(k) > 0 and first and snap1:
+            pooled[-1]["chosen_k"] = chosen_k(first[k][0], snap1[k][0])
     for j, k in enumerate(ks):  # decode-only: summed per-round mean TPOTs, baseline over this configuration
         tp = [r[j].get("mean_tpot_ms") for r in rounds]
-        tb = [r[ks.index(0)].get("mean_tpot_ms") for r in rounds]
+        tb = [r[ks.index("0")].get("mean_tpot_ms") for r in rounds]
         if all(tp) and all(tb):
             pooled[j]["speedup_tpot"] = round(sum(tb) / sum(tp), 3)
     for p in pooled:
-        p["speedup_output_tok_s"] = round(p["output_tok_s"] / pooled[ks.index(0)]["output_tok_s"], 3)
+        p["speedup_output_tok_s"] = round(p["output_tok_s"] / pooled[ks.index("0")]["output_tok_s"], 3)
         print(json.dumps({"pooled": True, **p}), flush=True)
     if a.out:
         with open(a.out, "w") as f:
