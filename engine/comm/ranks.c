@@ -374,7 +374,7 @@ static int parse_int_arg(const char *s, const char *prefix, long *v) {
 int ranks_worker_detect(int argc, char *const *argv, ranks_worker *out, specd_err *err) {
     static const char *const names[4] = {"--specd-comm-rank=", "--specd-comm-world=", "--specd-comm-fd=",
                                          "--specd-comm-parent="};
-    long v[4];
+    long v[4] = {0, 0, 0, 0};
     bool seen[4] = {false, false, false, false};
     for (int i = 1; i < argc; i++)
         for (int k = 0; k < 4; k++) {
