@@ -12,7 +12,9 @@
  *     logits bit for bit (fixed rank-order all-reduce);
  *   - the TP N logits against TP 1 are reported (they differ in the last
  *     bits: a row-parallel matmul sums its inputs in N pieces);
- *   - a TP size that does not divide the heads is refused with the reason.
+ *   - a TP size that does not divide the heads is refused with the reason;
+ *   - a malformed step (a position outside its block table, a block id
+ *     outside the pool) aborts the group with that reason on the workers.
  * Workers: `test_tp --tp-worker DIR --specd-comm-...` (ranks.h).
  */
 #include <setjmp.h>
@@ -21,6 +23,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
@@ -144,6 +147,28 @@ static void test_f32_tp4(void **s) { (void)s; check_tp("f32", 4); }
 static void test_bf16_tp2(void **s) { (void)s; check_tp("bf16", 2); }
 static void test_sharded_tp4(void **s) { (void)s; check_tp("sharded", 4); }
 
+/* A malformed step (a position past its sequence's block table, then a block id past the pool) makes the
+ * workers abort the group with the reason instead of reading or writing outside their KV pool. */
+static void check_bad_step(int mode) {
+    tp_case t;
+    tp_open(&t, mh_dir("f32"), 2);
+    /* tp.h's message: T S n_out n_aux flags | tokens | pos | seq_of | per sequence: count, block ids */
+    const int32_t msg[] = {1, 1, 0, 0, 0, /* token */ 5, /* pos */ mode ? 3 : 1000000, /* seq */ 0,
+                           /* blocks */ 1, mode ? 1 << 28 : 0};
+    specd_err err = {{0}};
+    comm *c = ranks_comm(t.rk);
+    assert_int_equal(comm_step_send(c, COMM_STEP_DATA, msg, sizeof msg, &err), 0);
+    char why[COMM_REASON_MAX] = "";
+    for (int i = 0; i < 500 && !comm_aborted(c, why, sizeof why); i++) usleep(10000);
+    printf("malformed step %d: %s\n", mode, why);
+    assert_non_null(strstr(why, mode ? "outside this rank's" : "outside its block table"));
+    ranks_destroy(t.rk);
+    model_destroy(t.m);
+    bk_cpu_destroy(t.be);
+}
+static void test_bad_step_pos(void **s) { (void)s; check_bad_step(0); }
+static void test_bad_step_block(void **s) { (void)s; check_bad_step(1); }
+
 /* A group of 3 "ranks" that never communicates: the refusal comes first. */
 static void test_refuses_tp3(void **s) {
     (void)s;
@@ -167,6 +192,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refuses_tp3), cmocka_unit_test(test_mistral_tp2), cmocka_unit_test(test_mistral_tp4),
         cmocka_unit_test(test_mistral_tp8), cmocka_unit_test(test_f32_tp2),     cmocka_unit_test(test_f32_tp4),
-        cmocka_unit_test(test_bf16_tp2),    cmocka_unit_test(test_sharded_tp4)};
+        cmocka_unit_test(test_bf16_tp2),    cmocka_unit_test(test_sharded_tp4), cmocka_unit_test(test_bad_step_pos),
+        cmocka_unit_test(test_bad_step_block)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
