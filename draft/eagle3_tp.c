@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "draft/eagle3_internal.h"
+#include "engine/runtime/tp.h"
 #include "engine/util/log.h"
 
 enum { E3TP_LAYER = -2, E3TP_LOGITS = -3 };
@@ -101,13 +102,6 @@ int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *wh
 
 /* ------------------------------------------------------------ rank 0: posts */
 
-static int32_t seq_blocks(const eagle3_rows *rw, int32_t s, int32_t bs) {
-    int32_t mx = -1;
-    for (int32_t i = 0; i < rw->n; i++)
-        if (rw->seq_of[i] == s && rw->pos[i] > mx) mx = rw->pos[i];
-    return mx < 0 ? 0 : mx / bs + 1;
-}
-
 /* Posts MSG (words) then broadcasts n_floats from X; a failure aborts the group. */
 static int post(eagle3_head *h, const int32_t *msg, size_t words, const float *x, size_t n_floats, specd_err *err) {
     struct eagle3_tp *t = h->tp;
@@ -123,8 +117,7 @@ static int post(eagle3_head *h, const int32_t *msg, size_t words, const float *x
 int eagle3_tp_post_layer(eagle3_head *h, const eagle3_rows *rw, const float *g, specd_err *err) {
     if (!h->tp || h->tp->rank != 0) return 0;
     const int32_t n = rw->n, S = rw->n_seqs;
-    size_t words = 3 + 3 * (size_t)n + (size_t)S;
-    for (int32_t s = 0; s < S; s++) words += (size_t)seq_blocks(rw, s, h->block_size);
+    const size_t words = 3 + tp_rows_words(n, rw->pos, rw->seq_of, S, h->block_size);
     if (words * 4 > comm_step_max_bytes(h->tp->c))
         return specd_err_set(err, "tensor parallel: a %d-row draft step does not fit the step channel", n);
     int32_t *m = malloc(words * 4), *p = m;
@@ -132,14 +125,7 @@ int eagle3_tp_post_layer(eagle3_head *h, const eagle3_rows *rw, const float *g, 
     *p++ = E3TP_LAYER;
     *p++ = n;
     *p++ = S;
-    memcpy(p, rw->tokens, 4 * (size_t)n), p += n;
-    memcpy(p, rw->pos, 4 * (size_t)n), p += n;
-    memcpy(p, rw->seq_of, 4 * (size_t)n), p += n;
-    for (int32_t s = 0; s < S; s++) {
-        const int32_t nb = seq_blocks(rw, s, h->block_size);
-        *p++ = nb;
-        if (nb) memcpy(p, rw->block_tables[s], 4 * (size_t)nb), p += nb;
-    }
+    tp_rows_write(p, n, rw->tokens, rw->pos, rw->seq_of, S, rw->block_tables, h->block_size);
     const int rc = post(h, m, words, g, (size_t)n * h->cfg.hidden, err);
     free(m);
     return rc;
@@ -210,33 +196,13 @@ int eagle3_tp_serve(eagle3_head *h, const int32_t *msg, size_t n, specd_err *err
     }
     if (p[0] != E3TP_LAYER || n < 12) return specd_err_set(err, "unknown draft message %d", p[0]);
     const int32_t rows = p[1], S = p[2];
-    p += 3;
-    if (rows <= 0 || S <= 0 || end - p < 3 * (ptrdiff_t)rows + S) return specd_err_set(err, "malformed draft message");
-    eagle3_rows rw = {.n = rows, .tokens = p, .pos = p + rows, .seq_of = p + 2 * rows, .n_seqs = S};
-    p += 3 * rows;
-    const int32_t **tb = malloc(sizeof *tb * (size_t)S);
-    int32_t *nbs = malloc(sizeof *nbs * (size_t)S);
+    eagle3_rows rw = {.n = rows, .n_seqs = S};
+    const int32_t **tb = S > 0 ? malloc(sizeof *tb * (size_t)S) : NULL;
     int rc = -1;
     float *g = NULL, *out = NULL;
-    if (!tb || !nbs) { specd_err_set(err, "out of memory"); goto done; }
-    for (int32_t s = 0; s < S; s++) {
-        if (p >= end || *p < 0 || end - p - 1 < *p) { specd_err_set(err, "malformed draft block table"); goto done; }
-        nbs[s] = *p++;
-        for (int32_t i = 0; i < nbs[s]; i++)
-            if (p[i] < 0 || p[i] >= h->n_blocks) {
-                specd_err_set(err, "draft block id %d outside this rank's %d blocks", p[i], h->n_blocks);
-                goto done;
-            }
-        tb[s] = p;
-        p += nbs[s];
-    }
-    for (int32_t i = 0; i < rows; i++) {
-        const int32_t s = rw.seq_of[i];
-        if (s < 0 || s >= S || rw.pos[i] < 0 || rw.pos[i] / h->block_size >= nbs[s]) {
-            specd_err_set(err, "draft row %d outside its block table", i);
-            goto done;
-        }
-    }
+    if (!tb) { specd_err_set(err, S > 0 ? "out of memory" : "malformed draft message"); goto done; }
+    if (!tp_rows_read(p + 3, end, rows, S, h->n_blocks, h->block_size, &rw.tokens, &rw.pos, &rw.seq_of, tb, err))
+        goto done;
     rw.block_tables = tb;
     g = recv_floats(h, (size_t)rows * H, err);
     out = malloc(sizeof(float) * (size_t)rows * H);
@@ -244,7 +210,6 @@ int eagle3_tp_serve(eagle3_head *h, const int32_t *msg, size_t n, specd_err *err
     rc = eagle3_layer(h, &rw, g, out, err);
 done:
     free(tb);
-    free(nbs);
     free(g);
     free(out);
     return rc;

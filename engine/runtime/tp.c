@@ -32,19 +32,71 @@ void tp_model_comm_shm(comm *c, model_comm *out) {
 
 /* ------------------------------------------------------------ the step message */
 
-/* Block-table entries sequence s needs: up to its largest position this step. */
-static int32_t seq_blocks(const model_batch *b, int32_t s, int32_t bs) {
+/* Block-table entries sequence s needs: up to its largest position in the rows. */
+static int32_t seq_blocks(int32_t n, const int32_t *pos, const int32_t *seq_of, int32_t s, int32_t bs) {
     int32_t mx = -1;
-    for (int32_t i = 0; i < b->n_tokens; i++)
-        if (b->seq_of[i] == s && b->pos[i] > mx) mx = b->pos[i];
+    for (int32_t i = 0; i < n; i++)
+        if (seq_of[i] == s && pos[i] > mx) mx = pos[i];
     return mx < 0 ? 0 : mx / bs + 1;
+}
+
+size_t tp_rows_words(int32_t n, const int32_t *pos, const int32_t *seq_of, int32_t S, int32_t bs) {
+    size_t w = 3 * (size_t)n + (size_t)S;
+    for (int32_t s = 0; s < S; s++) w += (size_t)seq_blocks(n, pos, seq_of, s, bs);
+    return w;
+}
+
+int32_t *tp_rows_write(int32_t *p, int32_t n, const int32_t *tokens, const int32_t *pos, const int32_t *seq_of,
+                       int32_t S, const int32_t *const *tables, int32_t bs) {
+    memcpy(p, tokens, 4 * (size_t)n), p += n;
+    memcpy(p, pos, 4 * (size_t)n), p += n;
+    memcpy(p, seq_of, 4 * (size_t)n), p += n;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t nb = seq_blocks(n, pos, seq_of, s, bs);
+        *p++ = nb;
+        if (nb) memcpy(p, tables[s], 4 * (size_t)nb), p += nb;
+    }
+    return p;
+}
+
+const int32_t *tp_rows_read(const int32_t *p, const int32_t *end, int32_t n, int32_t S, int32_t n_blocks, int32_t bs,
+                            const int32_t **tokens, const int32_t **pos, const int32_t **seq_of, const int32_t **tb,
+                            specd_err *err) {
+    if (n <= 0 || S <= 0 || end - p < 3 * (ptrdiff_t)n + S) {
+        specd_err_set(err, "tensor parallel: malformed step message");
+        return NULL;
+    }
+    *tokens = p, *pos = p + n, *seq_of = p + 2 * n;
+    p += 3 * n;
+    for (int32_t s = 0; s < S; s++) {
+        if (p >= end || *p < 0 || end - p - 1 < *p) {
+            specd_err_set(err, "tensor parallel: malformed block table");
+            return NULL;
+        }
+        const int32_t nb = *p++;
+        for (int32_t i = 0; i < nb; i++)
+            if (p[i] < 0 || p[i] >= n_blocks) {
+                specd_err_set(err, "tensor parallel: block id %d of sequence %d outside this rank's %d blocks", p[i], s,
+                              n_blocks);
+                return NULL;
+            }
+        tb[s] = p;
+        p += nb;
+    }
+    for (int32_t t = 0; t < n; t++) { /* every position inside its sequence's table (its count is the word before it) */
+        const int32_t s = (*seq_of)[t], ps = (*pos)[t];
+        if (s < 0 || s >= S || ps < 0 || ps / bs >= tb[s][-1]) {
+            specd_err_set(err, "tensor parallel: token %d (sequence %d, position %d) outside its block table", t, s, ps);
+            return NULL;
+        }
+    }
+    return p;
 }
 
 int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) {
     const int32_t T = b->n_tokens, S = b->n_seqs, bs = model_kv_block_size(m);
     const int32_t naux = b->aux ? b->n_aux : 0;
-    size_t words = TP_HDR + 3 * (size_t)T + (size_t)S + (size_t)b->n_out + (size_t)naux;
-    for (int32_t s = 0; s < S; s++) words += (size_t)seq_blocks(b, s, bs);
+    const size_t words = TP_HDR + tp_rows_words(T, b->pos, b->seq_of, S, bs) + (size_t)b->n_out + (size_t)naux;
     const size_t bytes = words * 4 + (b->tree_mask ? (size_t)T * T : 0);
     if (bytes > comm_step_max_bytes(c)) {
         specd_err_set(err, "tensor parallel: a %d-token step needs %zu bytes, the step channel holds %zu", T, bytes,
@@ -66,14 +118,7 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     model_get_shard(m, &si);
     const bool gather = b->logits && b->n_out > 0 && si.size > 1 && si.vocab_rows < model_get_config(m)->vocab;
     *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
-    memcpy(p, b->tokens, 4 * (size_t)T), p += T;
-    memcpy(p, b->pos, 4 * (size_t)T), p += T;
-    memcpy(p, b->seq_of, 4 * (size_t)T), p += T;
-    for (int32_t s = 0; s < S; s++) {
-        const int32_t nb = seq_blocks(b, s, bs);
-        *p++ = nb;
-        if (nb) memcpy(p, b->block_tables[s], 4 * (size_t)nb), p += nb;
-    }
+    p = tp_rows_write(p, T, b->tokens, b->pos, b->seq_of, S, b->block_tables, bs);
     if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
     if (naux) memcpy(p, b->aux_layers, 4 * (size_t)naux), p += naux;
     if (b->tree_mask) memcpy(p, b->tree_mask, (size_t)T * T);
@@ -93,33 +138,15 @@ static int step_parse(const int32_t *msg, size_t n, int32_t n_blocks, int32_t bs
     memset(b, 0, sizeof *b);
     const int32_t T = p[0], S = p[1], no = p[2], na = p[3], fl = p[4];
     p += TP_HDR;
-    if (T <= 0 || S <= 0 || no < 0 || na < 0 || (size_t)(end - p) < 3 * (size_t)T + (size_t)S)
-        return specd_err_set(err, "tensor parallel: malformed step message");
+    if (T <= 0 || S <= 0 || no < 0 || na < 0) return specd_err_set(err, "tensor parallel: malformed step message");
     b->n_tokens = T;
     b->n_seqs = S;
-    b->tokens = p, p += T;
-    b->pos = p, p += T;
-    b->seq_of = p, p += T;
     const int32_t **tb = realloc((void *)*tables, sizeof *tb * (size_t)S);
     if (!tb) return specd_err_set(err, "out of memory");
     *tables = tb;
-    for (int32_t s = 0; s < S; s++) {
-        if (p >= end || *p < 0 || end - p - 1 < *p) return specd_err_set(err, "tensor parallel: malformed block table");
-        const int32_t nb = *p++;
-        for (int32_t i = 0; i < nb; i++)
-            if (p[i] < 0 || p[i] >= n_blocks)
-                return specd_err_set(err, "tensor parallel: block id %d of sequence %d outside this rank's %d blocks",
-                                     p[i], s, n_blocks);
-        tb[s] = p;
-        p += nb;
-    }
+    p = tp_rows_read(p, end, T, S, n_blocks, bs, &b->tokens, &b->pos, &b->seq_of, tb, err);
+    if (!p) return -1;
     b->block_tables = tb;
-    for (int32_t t = 0; t < T; t++) { /* every position inside its sequence's table (nb is the word before it) */
-        const int32_t s = b->seq_of[t];
-        if (s < 0 || s >= S || b->pos[t] < 0 || b->pos[t] / bs >= tb[s][-1])
-            return specd_err_set(err, "tensor parallel: token %d (sequence %d, position %d) outside its block table", t,
-                                 s, b->pos[t]);
-    }
     if (end - p < (ptrdiff_t)no + na) return specd_err_set(err, "tensor parallel: malformed step message");
     b->n_out = no;
     b->out_idx = p, p += no;

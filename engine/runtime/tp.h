@@ -30,6 +30,21 @@
 #include "engine/model/model.h"
 #include "engine/util/err.h"
 
+/* The rows section a step message shares with the draft head's calls
+ * (draft/eagle3_tp.c): tokens[n], pos[n], seq_of[n] (n > 0), then for each
+ * of the S sequences its block count (up to the last position its rows use)
+ * and its block ids. words: its size; write: appends it at p, returns the
+ * end; read: points into it, checking every sequence index, every block id
+ * against a pool of n_blocks blocks and every position against its table
+ * (bs tokens per block); returns the end, or NULL with err (the message is
+ * malformed: nothing may index with it). */
+size_t tp_rows_words(int32_t n, const int32_t *pos, const int32_t *seq_of, int32_t S, int32_t bs);
+int32_t *tp_rows_write(int32_t *p, int32_t n, const int32_t *tokens, const int32_t *pos, const int32_t *seq_of,
+                       int32_t S, const int32_t *const *tables, int32_t bs);
+const int32_t *tp_rows_read(const int32_t *p, const int32_t *end, int32_t n, int32_t S, int32_t n_blocks, int32_t bs,
+                            const int32_t **tokens, const int32_t **pos, const int32_t **seq_of, const int32_t **tables,
+                            specd_err *err);
+
 /* The model_comm of a host-visible backend over a shm comm group
  * (comm_all_reduce_sum_f32: fixed rank order, f32; comm_all_gather). */
 void tp_model_comm_shm(comm *c, model_comm *out);
