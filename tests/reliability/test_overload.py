@@ -198,7 +198,7 @@ def test_queue_full_and_drain(srv):
 
 @pytest.fixture(scope="module")
 def qsrv():
-    s = R.Server(R.MODEL, ["--max-model-len", "512", "--kv-cache-memory", "64M", "--max-num-seqs", "1",
+    s = R.Server(R.MODEL, ["--max-model-len", "4096", "--kv-cache-memory", "256M", "--max-num-seqs", "1",
                            "--max-queue-time", "2"])
     yield s
     assert s.stop() == 0, s.read_log()
@@ -207,7 +207,9 @@ def qsrv():
 def test_queue_time_limit(qsrv):
     srv = qsrv
     t0_count = srv.metrics().get("specd_num_queue_timeouts_total", 0)
-    ca, ra, ea = open_stream(srv.port, LONG)
+    # A must outlive three queue timeouts (2 s each plus a step): 4000 tokens are 12 s even at
+    # 3 ms a token; 400 tokens finished first on a fast runner and the n = 2 request then ran (200)
+    ca, ra, ea = open_stream(srv.port, dict(LONG, max_tokens=4000))
     next(ea)
     wait_metric(srv, lambda m: m["specd_num_requests_running"] == 1, "A running")
 
