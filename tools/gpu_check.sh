@@ -117,6 +117,7 @@ else
     log "kn_bench not built: not run"
     printf 'kn_bench\t125\t0\n' >>"$STEPS"
 fi
+[ -x "$BUILD/tests/perf/kn_moe_bench" ] && run_step kn_moe_bench 120 "$BUILD/tests/perf/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"
