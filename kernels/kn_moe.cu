@@ -542,7 +542,7 @@ extern "C" int kn_moe_experts(const kn_moe_weights *wt, const float *x, const in
                               int32_t T, int32_t k, const float *shared, void *ws, size_t ws_bytes, float *y,
                               int32_t *bad_flag, void *stream) {
     if (!weights_ok(wt) || !x || !ids || !wts || !ws || !y || T <= 0 || k < 1 || k > KN_MOE_MAX_K || k > wt->E ||
-        !aligned(x, 16) || !aligned(ws, 256) || (int64_t)T * k > INT32_MAX / 2 || y == x || y == shared)
+        !aligned(x, 16) || !aligned(ws, 256) || T > 65535 || y == x || y == shared) /* T: combine grid.y */
         return (int)cudaErrorInvalidValue;
     const int32_t E = wt->E, H = wt->H, I = wt->I;
     const ws_layout L = ws_layout_of(T, k, E, H, I);

@@ -141,7 +141,10 @@ size_t kn_moe_workspace_bytes(int32_t T, int32_t k, int32_t E, int32_t H, int32_
  * combine. Batch invariance: every dot product is one lane sequence + a
  * fixed butterfly fixed by the weight shape (kn_moe.cu), the combine order
  * by expert id: a token's y row does not depend on T or on the other
- * tokens. silu(g) = g / (1 + e^-g) with e^-g as in kn_moe_route. */
+ * tokens. silu(g) = g / (1 + e^-g) with e^-g as in kn_moe_route.
+ * T <= 65535, k <= 64 (cudaErrorInvalidValue otherwise). The align kernel is
+ * one block that scans all T*k slots per expert: built for decode / verify
+ * sizes, slow for long prefills (a sort-based align would be needed there). */
 int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids, const float *wts, int32_t T,
                    int32_t k, const float *shared, void *ws, size_t ws_bytes, float *y, int32_t *bad_flag,
                    void *stream);

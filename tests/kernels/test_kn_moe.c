@@ -499,6 +499,8 @@ static void test_layer(const char *name, int32_t E, int32_t H, int32_t I, int32_
     EXPECT(kn_moe_experts(&L.dw_, b.x, b.ids, b.w, 1, E + 1, NULL, b.ws, b.ws_bytes, b.y, NULL, NULL) ==
                (int)cudaErrorInvalidValue, "%s: k > E not refused", name);
     EXPECT(kn_moe_dequant(&L.dw_, E, 0, (uint16_t *)b.y, NULL) == (int)cudaErrorInvalidValue, "%s: expert E not refused", name);
+    EXPECT(kn_moe_experts(&L.dw_, b.x, b.ids, b.w, 65536, k, NULL, b.ws, (size_t)-1, b.y, NULL, NULL) ==
+               (int)cudaErrorInvalidValue, "%s: T = 65536 not refused", name);
     free(bid), free(x), free(lg), free(yc), free(yg), free(wc), free(wg), free(ic), free(ig), free(yb), free(y1);
     free(xr), free(lr), free(ib), free(wb);
     bufs_destroy(&b);
