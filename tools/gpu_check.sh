@@ -90,7 +90,7 @@ if awk -F'\t' '($1 == "configure" || $1 == "build") && $2 != 0 { f = 1 } END { e
     MODE=direct
     log "CMake configure/build failed: falling back to tools/kn_direct_build.sh (kernel tests only)"
     run_step direct_build 240 "$ROOT/tools/kn_direct_build.sh" "$BUILD/direct" "$JOBS"
-    for t in kn_probe kn_linear; do
+    for t in kn_probe kn_linear kn_moe; do
         run_step "direct_$t" 280 sh -c '"$1" >"$2" 2>&1; rc=$?; cat "$2"; exit $rc' _ "$BUILD/direct/$t" \
             "$OUT/direct_$t.out"
     done
@@ -117,7 +117,7 @@ else
     log "kn_bench not built: not run"
     printf 'kn_bench\t125\t0\n' >>"$STEPS"
 fi
-[ -x "$BUILD/tests/perf/kn_moe_bench" ] && run_step kn_moe_bench 120 "$BUILD/tests/perf/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
+[ -x "$(dirname "$BENCH")/kn_moe_bench" ] && run_step kn_moe_bench 120 "$(dirname "$BENCH")/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"

@@ -186,51 +186,7 @@ done:
 
 /* ------------------------------------------------------------ MoE */
 
-/* dsv3_route (deepseek_v3.h): noaux_tc routing of one token. */
-void dsv3_route(const hf_config *c, const float *logits, const float *bias, float *scratch, int32_t *ids, float *w) {
-    float *sc = scratch, *choice = scratch + c->n_routed_experts;
-    const int32_t E = c->n_routed_experts, k = c->n_experts_per_tok, G = c->n_group, per = E / G;
-    for (int32_t e = 0; e < E; e++) {
-        sc[e] = 1.0f / (1.0f + expf(-logits[e]));
-        choice[e] = sc[e] + bias[e];
-    }
-    if (G > 1 && c->topk_group < G) {
-        float gs[1024];
-        bool keep[1024] = {false};
-        for (int32_t g = 0; g < G; g++) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                if (choice[e] > b1) { b2 = b1; b1 = choice[e]; }
-                else if (choice[e] > b2) b2 = choice[e];
-            }
-            gs[g] = b1 + b2;
-        }
-        for (int32_t j = 0; j < c->topk_group; j++) {
-            int32_t best = -1;
-            for (int32_t g = 0; g < G; g++)
-                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
-            keep[best] = true;
-        }
-        for (int32_t e = 0; e < E; e++)
-            if (!keep[e / per]) choice[e] = -INFINITY;
-    }
-    float sum = 0;
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            bool used = false;
-            for (int32_t u = 0; u < j; u++) used |= ids[u] == e;
-            if (!used && (best < 0 || choice[e] > choice[best])) best = e;
-        }
-        ids[j] = best;
-        w[j] = sc[best];
-        sum += w[j];
-    }
-    for (int32_t j = 0; j < k; j++) {
-        if (c->norm_topk_prob) w[j] /= (sum + 1e-20f);
-        w[j] *= c->routed_scaling;
-    }
-}
+/* dsv3_route (the router of one token): deepseek_v3_route.c */
 
 /* SwiGLU MLP: y [T, H] = down(silu(gate(x)) * up(x)); g, u: [T, width]. */
 static int swiglu(model *m, const bk_weight *gate, const bk_weight *up, const bk_weight *down, const float *x,
