@@ -24,8 +24,10 @@
  * next group is loaded before the current one is used), dequantises a word
  * (8 values) at a time with two bf16x2 fmas per pair (kn_moe.h layout) and
  * multiplies it into every token of the expert, NT <= 4 tokens per register
- * tile. GU: the gate row r and the up row I + r are read by the same lanes
- * and out = silu(g) * u.
+ * tile (T == 1: a one-token variant held to 64 registers, 8 blocks per SM;
+ * otherwise 128, 4 blocks; no spills, tests/kernels kn_spill_check). GU: the
+ * gate row r and the up row I + r are read by the same lanes and out =
+ * silu(g) * u.
  *
  * BATCH INVARIANCE: for one token and one output, lane `sub` computes
  * acc = fma(w_c, x_c, acc) over its groups in increasing order and the 32
@@ -417,8 +419,11 @@ __device__ __forceinline__ void run_tile(const gemm_args &a, const uint32_t *wg,
     }
 }
 
-template <int L, bool GU>
-__global__ void __launch_bounds__(32 * KN_MOE_WARPS, 4) kn_moe_gemm_kernel(gemm_args a) {
+/* TILE = 1 when T == 1 (decode: at most one token per expert; fewer
+ * registers, twice the resident warps), KN_MOE_TILE otherwise. Both run
+ * dot_tile<.., 1> on a lone token: the same operations. */
+template <int L, bool GU, int TILE>
+__global__ void __launch_bounds__(32 * KN_MOE_WARPS, TILE == 1 ? 8 : 4) kn_moe_gemm_kernel(gemm_args a) {
     const int slot_a = (int)blockIdx.y;
     if (slot_a >= *a.nact) return; /* block-uniform */
     const int e = a.active[slot_a], p0 = a.off[e], n = a.off[e + 1] - p0;
@@ -433,12 +438,16 @@ __global__ void __launch_bounds__(32 * KN_MOE_WARPS, 4) kn_moe_gemm_kernel(gemm_
     const uint32_t *wu = GU ? wg + (size_t)a.rows * rw : wg; /* up row I + r */
     const uint16_t *su = GU ? sg + (size_t)a.rows * rs : sg;
     const int ng = a.cols / 32;
-    for (int t0 = 0; t0 < n; t0 += KN_MOE_TILE) {
-        switch (min(KN_MOE_TILE, n - t0)) {
-        case 1: run_tile<L, GU, 1>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
-        case 2: run_tile<L, GU, 2>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
-        case 3: run_tile<L, GU, 3>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
-        default: run_tile<L, GU, 4>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
+    for (int t0 = 0; t0 < n; t0 += TILE) {
+        if constexpr (TILE == 1) {
+            run_tile<L, GU, 1>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r);
+        } else {
+            switch (min(TILE, n - t0)) {
+            case 1: run_tile<L, GU, 1>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
+            case 2: run_tile<L, GU, 2>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
+            case 3: run_tile<L, GU, 3>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
+            default: run_tile<L, GU, 4>(a, wg, sg, wu, su, ng, sub, p0 + t0, store, r); break;
+            }
         }
     }
 }
@@ -501,17 +510,18 @@ bool weights_ok(const kn_moe_weights *w) {
 }
 
 template <int L, bool GU>
-cudaError_t gemm_launch(const gemm_args &a, int32_t slots, cudaStream_t s) {
+cudaError_t gemm_launch(const gemm_args &a, int32_t T, int32_t slots, cudaStream_t s) {
     constexpr int RB = KN_MOE_WARPS * (32 / L);
     const dim3 grid((unsigned)((a.rows + RB - 1) / RB), (unsigned)slots), block(32 * KN_MOE_WARPS);
-    kn_moe_gemm_kernel<L, GU><<<grid, block, 0, s>>>(a);
+    if (T == 1) kn_moe_gemm_kernel<L, GU, 1><<<grid, block, 0, s>>>(a);
+    else kn_moe_gemm_kernel<L, GU, KN_MOE_TILE><<<grid, block, 0, s>>>(a);
     return cudaGetLastError();
 }
 
 /* lanes per row: 32 when a row has >= 32 groups, else 8 (a function of the weight shape) */
 template <bool GU>
-cudaError_t gemm_dispatch(const gemm_args &a, int32_t slots, cudaStream_t s) {
-    return a.cols / 32 >= 32 ? gemm_launch<32, GU>(a, slots, s) : gemm_launch<8, GU>(a, slots, s);
+cudaError_t gemm_dispatch(const gemm_args &a, int32_t T, int32_t slots, cudaStream_t s) {
+    return a.cols / 32 >= 32 ? gemm_launch<32, GU>(a, T, slots, s) : gemm_launch<8, GU>(a, T, slots, s);
 }
 
 }  // namespace
@@ -559,10 +569,10 @@ extern "C" int kn_moe_experts(const kn_moe_weights *wt, const float *x, const in
     const int32_t slots = T * k < E ? T * k : E; /* at most this many experts have tokens */
     gemm_args gu = {wt->w13, wt->s13, (size_t)2 * I * (H / 8), (size_t)2 * I * (H / 32), I, H,
                     off, active, nact, slot_of, x, k, act};
-    if ((rc = gemm_dispatch<true>(gu, slots, s)) != cudaSuccess) return (int)rc;
+    if ((rc = gemm_dispatch<true>(gu, T, slots, s)) != cudaSuccess) return (int)rc;
     gemm_args dn = {wt->w2, wt->s2, (size_t)H * (I / 8), (size_t)H * (I / 32), H, I,
                     off, active, nact, slot_of, act, k, yd};
-    if ((rc = gemm_dispatch<false>(dn, slots, s)) != cudaSuccess) return (int)rc;
+    if ((rc = gemm_dispatch<false>(dn, T, slots, s)) != cudaSuccess) return (int)rc;
     const dim3 cgrid((unsigned)((H + 255) / 256), (unsigned)T);
     kn_moe_combine_kernel<<<cgrid, 256, 0, s>>>(yd, ids, wts, bad, k, H, shared, y);
     return (int)cudaGetLastError();
