@@ -49,6 +49,7 @@
 
 #include "kernels/kn.h"
 #include "kernels/kn_moe.h"
+#include "kernels/kn_moe_select.h"
 
 namespace {
 
@@ -69,22 +70,9 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_neg(g))), u);
 }
 
-/* A candidate of an argmax: value, id; valid == 0 for "none". */
-struct cand {
-    float v;
-    int id;
-    int valid;
-};
-
-/* The total order of every selection: valid first, then non-NaN, then the
- * larger value, then the lower id. */
-__device__ __forceinline__ bool better(const cand &a, const cand &b) {
-    if (a.valid != b.valid) return a.valid > b.valid;
-    const bool an = a.v != a.v, bn = b.v != b.v;
-    if (an != bn) return bn;
-    if (!an && a.v != b.v) return a.v > b.v;
-    return a.id < b.id;
-}
+/* A candidate of an argmax and the total order of every selection (kn_moe_select.h). */
+typedef kn_cand cand;
+__device__ __forceinline__ bool better(const cand &a, const cand &b) { return kn_cand_better(a, b) != 0; }
 
 __device__ __forceinline__ cand warp_best(cand c) {
 #pragma unroll
