@@ -26,8 +26,10 @@
  *     33}. Bound, from the math (test_kn_linear.c's argument): each dot
  *     product differs only in the order of n f32 roundings, NMSE ~ n u^2 / 3
  *     <= 1e-11 for n = 7168, through silu and a second dot product and the
- *     sum of k + 1 terms; bound NMSE <= 1e-9 and max|gpu - cpu| <= 1e-5 x
- *     max|cpu|. A wrong expert or slot gives NMSE ~ 1e-1.
+ *     sum of k + 1 terms; bound NMSE <= 1e-9. Per element the error is a
+ *     random walk of ~sqrt(n) u of the partial sums, ~5e-6 of a typical |y|
+ *     (a 4.5-sigma tail over 236k values ~1e-5 of max|y|): bound max|gpu -
+ *     cpu| <= 1e-4 x max|cpu|. A wrong expert or slot gives NMSE ~ 1e-1.
  *  4. batch invariance, BITWISE: each token of a 33-token batch alone (T = 1)
  *     and in the reversed batch gives the same ids, weights and output row;
  *     a captured CUDA graph of the block replays to the same bits.
@@ -73,7 +75,7 @@ static backend *g_cpu;
         }                                               \
     } while (0)
 
-static const double NMSE_MOE = 1e-9, MAXREL_MOE = 1e-5, W_REL = 1e-6;
+static const double NMSE_MOE = 1e-9, MAXREL_MOE = 1e-4, W_REL = 1e-6;
 static const int32_t MS[] = {1, 2, 3, 4, 5, 8, 16, 33};
 #define NM ((int)(sizeof MS / sizeof MS[0]))
 #define TMAX 33
