@@ -304,8 +304,13 @@ static void check_dequant(const layer *L, const char *name) {
                 kn_i4_repack(w + rr * (cols / 8), 1, cols, il);
                 kn_i4il_dequant_row(il, s + rr * (cols / 32), cols, 0, host);
                 for (int64_t c = 0; c < cols; c++, n++) {
-                    bad_host += f32_bits(ref[c]) != (uint32_t)host[c] << 16;
-                    bad_dev += host[c] != dev[r * cols + c];
+                    const int bh = f32_bits(ref[c]) != (uint32_t)host[c] << 16, bd = host[c] != dev[r * cols + c];
+                    if ((bh || bd) && bad_host + bad_dev < 4)
+                        printf("  %s expert %d %s row %lld col %lld: CPU %08x host %04x device %04x\n", name, e,
+                               which ? "w2" : "w13", (long long)r, (long long)c, f32_bits(ref[c]), host[c],
+                               dev[r * cols + c]);
+                    bad_host += bh;
+                    bad_dev += bd;
                 }
             }
         }
