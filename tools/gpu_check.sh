@@ -117,6 +117,7 @@ else
     log "kn_bench not built: not run"
     printf 'kn_bench\t125\t0\n' >>"$STEPS"
 fi
+[ -x "$BUILD/tests/comm/comm_gpu_bench" ] && run_step comm_gpu_bench 120 "$BUILD/tests/comm/comm_gpu_bench" --json "$OUT/comm_gpu_bench.jsonl" --iters 100 --nccl-iters 20
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"
