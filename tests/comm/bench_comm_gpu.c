@@ -105,7 +105,7 @@ static int bench_rank(comm *c, const opts *o) {
     double *t = malloc((size_t)maxit * sizeof *t);
     cudaStream_t s;
     CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamDefault)); /* blocking: ordered with the cudaMemcpy calls */
     CUDA_OK(cudaMalloc((void **)&d_in, nmax * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&d_out, nmax * sizeof(float)));
 

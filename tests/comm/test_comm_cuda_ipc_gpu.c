@@ -251,7 +251,8 @@ static int suite_graph(comm *c, comm_cuda_ipc *ic, bufs *b) {
 static int bufs_init(bufs *b) {
     memset(b, 0, sizeof *b);
     CUDA_OK(cudaSetDevice(0));
-    CUDA_OK(cudaStreamCreateWithFlags(&b->s, cudaStreamNonBlocking));
+    /* a blocking stream: the cudaMemset / cudaMemcpy calls (legacy default stream) are ordered with the collectives */
+    CUDA_OK(cudaStreamCreateWithFlags(&b->s, cudaStreamDefault));
     CUDA_OK(cudaMalloc((void **)&b->d_in, (NMAX + 4) * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&b->d_out, (NMAX + 4) * sizeof(float)));
     CUDA_OK(cudaMalloc((void **)&b->d_b, GMAX));

@@ -27,6 +27,7 @@ typedef struct kn_emu_graph *cudaGraph_t;
 typedef struct kn_emu_graph *cudaGraphExec_t;
 #define cudaIpcMemLazyEnablePeerAccess 1
 #define cudaHostAllocMapped 2
+#define cudaStreamDefault 0
 #define cudaStreamNonBlocking 1
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1 };
 enum cudaDeviceAttr { cudaDevAttrComputeMode = 20 };
