@@ -25,7 +25,9 @@
  *    "exited" within KILL_BOUND_MS of the kill (rank 0 measures; the workers
  *    check < 5 s of waiting); a worker that stops calling (alive, not killed):
  *    the others fail with "timed out after 1500 ms waiting for rank 2" within
- *    1500 ms + 2 s, and the silent rank sees the group aborted.
+ *    1500 ms + 2 s, and the silent rank sees the group aborted; mismatched
+ *    calls (world 3: rank 1 all_reduce(1001), the others all_reduce(1000)):
+ *    every rank fails with "collective mismatch" within 2 s.
  * K processes on one GPU time-share it (no MPS), so a collective takes
  * milliseconds here: this is a correctness test, not a latency figure
  * (tests/perf/bench_comm_gpu.c measures).
@@ -368,6 +370,38 @@ static int rank_failure(comm *c, int mode, killer *k, double *fail_ms, char *msg
     return ok ? 0 : 1;
 }
 
+/* mode 3 (mismatch): after 5 good all-reduces, rank 1 calls all_reduce(n + 1) while the others call
+ * all_reduce(n): every rank's call fails with "collective mismatch" within 2 s, nothing is read. */
+static int rank_mismatch(comm *c, char *msg, size_t msg_len) {
+    int rank = comm_rank(c);
+    bufs b;
+    if (bufs_init(&b)) return 1;
+    specd_err e = {{0}};
+    comm_cuda_ipc *ic = NULL;
+    comm_cuda_ipc_config cfg = {.device = 0, .stage_bytes = STAGE_BYTES, .timeout_ms = 20000};
+    if (comm_cuda_ipc_create(c, &cfg, &ic, &e)) {
+        snprintf(msg, msg_len, "%s", e.msg);
+        return 1;
+    }
+    size_t n = 1000;
+    int ok = 0;
+    for (int it = 0; it <= 5; it++) {
+        size_t m = it == 5 && rank == 1 ? n + 1 : n;
+        double t0 = now_ms();
+        int rc = comm_cuda_ipc_all_reduce_sum_f32(ic, b.d_in, b.d_out, m, b.s, &e) || comm_cuda_ipc_sync(ic, b.s, &e);
+        double ms = now_ms() - t0;
+        if (rc) {
+            snprintf(msg, msg_len, "after %.0f ms: %.400s", ms, e.msg);
+            ok = it == 5 && strstr(e.msg, "collective mismatch") != NULL && ms < 2000;
+            break;
+        }
+        if (it == 5) snprintf(msg, msg_len, "mismatched all_reduce succeeded");
+    }
+    comm_cuda_ipc_destroy(ic);
+    bufs_free(&b);
+    return ok ? 0 : 1;
+}
+
 static void run_world(int world) {
     char mode[32] = "--mode=suite";
     const char *argv[] = {g_exe, mode, NULL};
@@ -389,7 +423,7 @@ static void test_world8(void **st) { (void)st, run_world(8); }
 
 static void run_failure(int world, int mode) {
     char m[32];
-    snprintf(m, sizeof m, "--mode=%s", mode == 1 ? "kill" : "hang");
+    snprintf(m, sizeof m, "--mode=%s", mode == 1 ? "kill" : mode == 2 ? "hang" : "mismatch");
     const char *argv[] = {g_exe, m, NULL};
     ranks_config cfg = {.world = world, .worker_argv = argv, .comm = comm_config_default()};
     cfg.comm.timeout_ms = 120000;
@@ -401,14 +435,16 @@ static void run_failure(int world, int mode) {
     if (mode == 1) pthread_create(&th, NULL, killer_main, &k);
     double fail_ms = -1;
     char msg[SPECD_ERR_MSG_MAX] = "";
-    int bad = rank_failure(ranks_comm(rk), mode, mode == 1 ? &k : NULL, &fail_ms, msg, sizeof msg);
+    int bad = mode == 3 ? rank_mismatch(ranks_comm(rk), msg, sizeof msg)
+                        : rank_failure(ranks_comm(rk), mode, mode == 1 ? &k : NULL, &fail_ms, msg, sizeof msg);
     if (mode == 1) {
         k.go = 1;
         pthread_join(th, NULL);
     }
     double since_kill = mode == 1 ? now_ms() - k.t_kill : -1;
     printf("%s at world %d: rank 0's call failed after %.0f ms (%.0f ms after the kill): %s\n",
-           mode == 1 ? "worker killed" : "worker silent", world, fail_ms, since_kill, msg);
+           mode == 1 ? "worker killed" : mode == 2 ? "worker silent" : "mismatched call", world, fail_ms, since_kill,
+           msg);
     assert_int_equal(bad, 0);
     if (mode == 1) assert_true(since_kill >= 0 && since_kill < KILL_BOUND_MS);
     (void)ranks_shutdown(rk, 30000, &e); /* the group is aborted: this reaps */
@@ -426,6 +462,7 @@ static void run_failure(int world, int mode) {
 
 static void test_peer_killed(void **st) { (void)st, run_failure(4, 1); }
 static void test_peer_silent(void **st) { (void)st, run_failure(3, 2); }
+static void test_mismatch(void **st) { (void)st, run_failure(3, 3); }
 
 static int worker_main(const ranks_worker *w, const char *mode) {
     specd_err e = {{0}};
@@ -439,6 +476,10 @@ static int worker_main(const ranks_worker *w, const char *mode) {
         size_t n;
         comm_step_kind kind;
         if (!bad && (comm_step_recv(c, b, sizeof b, &n, &kind, 0, &e) || kind != COMM_STEP_SHUTDOWN)) bad++;
+    } else if (!strcmp(mode, "--mode=mismatch")) {
+        char msg[SPECD_ERR_MSG_MAX] = "";
+        bad = rank_mismatch(c, msg, sizeof msg);
+        fprintf(stderr, "rank %d: %s\n", w->rank, msg);
     } else {
         double ms = -1;
         char msg[SPECD_ERR_MSG_MAX] = "";
@@ -468,7 +509,7 @@ int main(int argc, char **argv) {
     g_exe = argv[0];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_world2),      cmocka_unit_test(test_world4),     cmocka_unit_test(test_world8),
-        cmocka_unit_test(test_peer_killed), cmocka_unit_test(test_peer_silent),
+        cmocka_unit_test(test_peer_killed), cmocka_unit_test(test_peer_silent), cmocka_unit_test(test_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
