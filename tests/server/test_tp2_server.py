@@ -122,17 +122,20 @@ class HeldStream:
 
 
 def hold_mid_stream(server, stall):
-    """A stream held by the stall before its finish_reason; retries when the whole stream outran the stall."""
+    """A stream held by the stall before its finish_reason (no new chunk for 1 s; the step in flight when
+    the file appeared may still land); retries when the whole stream outran the stall."""
     for attempt in range(ATTEMPTS):
         h = HeldStream(server, stall)
         assert h.first.wait(120), "no first token within 120 s"
-        time.sleep(0.3)  # at most one step was in flight when the file appeared
-        if h.t.is_alive() and h.finish() is None:
-            n = h.tokens
-            time.sleep(0.3)
-            assert h.tokens == n, "the engine kept stepping with the stall file present"
-            print(f"attempt {attempt + 1}: stream held after {n} text chunks of {MAX_TOK} tokens")
-            return h
+        n, since, deadline = h.tokens, time.time(), time.time() + 20
+        while h.t.is_alive() and h.finish() is None and time.time() < deadline:
+            time.sleep(0.05)
+            if h.tokens != n:
+                n, since = h.tokens, time.time()
+            elif time.time() - since > 1.0:
+                print(f"attempt {attempt + 1}: stream held after {n} text chunks of {MAX_TOK} tokens")
+                return h
+        assert time.time() < deadline, "the engine kept stepping with the stall file present"
         os.unlink(stall)  # the whole stream came out first: again
         h.t.join(60)
     pytest.fail(f"the stream outran the stall {ATTEMPTS} times")
