@@ -211,7 +211,12 @@ int comm_cuda_ipc_create(comm *boot, const comm_cuda_ipc_config *cfg, comm_cuda_
     ipc_info mine;
     memset(&mine, 0, sizeof mine);
 
-    CI_CHECK(cudaSetDevice(c->device));
+    int rc_dev = (int)cudaSetDevice(c->device);
+    if (rc_dev != 0) {
+        specd_err_set(err, "comm_cuda_ipc rank %d: %s:%d: cudaSetDevice(%d): %s", rank, __FILE__, __LINE__, c->device,
+                      kn_strerror(rc_dev));
+        goto fail;
+    }
     size_t bytes = kn_ar_region_bytes(c->stage_bytes);
     CI_CHECK(cudaMalloc(&c->region, bytes));
     CI_CHECK(cudaMemset(c->region, 0, bytes));
