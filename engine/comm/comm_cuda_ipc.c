@@ -58,6 +58,14 @@ int comm_cuda_ipc_poll(comm_cuda_ipc *c, specd_err *err) {
 }
 void comm_cuda_ipc_set_algo(comm_cuda_ipc *c, int algo) { (void)c, (void)algo; }
 void comm_cuda_ipc_abort(comm_cuda_ipc *c, const char *reason) { (void)c, (void)reason; }
+#define DESTROY_CHECK(c, call)                                                                              \
+    do {                                                                                                    \
+        int dc_rc_ = (int)(call);                                                                           \
+        if (dc_rc_ != 0)                                                                                    \
+            LOG_WARN("comm_cuda_ipc rank %d: %s:%d: %s: %s", (c)->rank, __FILE__, __LINE__, #call,         \
+                     kn_strerror(dc_rc_));                                                                  \
+    } while (0)
+
 void comm_cuda_ipc_destroy(comm_cuda_ipc *c) { (void)c; }
 
 #else
@@ -70,6 +78,7 @@ void comm_cuda_ipc_destroy(comm_cuda_ipc *c) { (void)c; }
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/util/log.h"
 #include "kernels/kn.h"
 #include "kernels/kn_allreduce.h"
 
@@ -78,10 +87,11 @@ _Static_assert(COMM_CUDA_IPC_MAX_WORLD == KN_AR_MAX_RANKS, "comm_cuda_ipc.h's bo
 struct comm_cuda_ipc {
     comm *boot;
     int rank, world, device;
-    void *region;                    /* this rank's region (device) */
+    void *region;                    /* this rank's region, device, kn_ar_region_bytes(stage_bytes) bytes:
+                                        [8 KiB flags + counters][stage 2 x stage_bytes][result 2 x stage_bytes] */
     size_t stage_bytes, oneshot_max;
     void *peer[KN_AR_MAX_RANKS];     /* peers' regions as opened here (NULL: own / not opened) */
-    kn_ar_ctrl *ctrl;                /* host view of the pinned ctrl words */
+    kn_ar_ctrl *ctrl;                /* host view of the pinned, device-mapped ctrl words (one kn_ar_ctrl) */
     kn_ar_group g;
     int algo;                        /* 0 auto, 1 one-shot, 2 two-shot */
     int timeout_ms;
@@ -283,16 +293,25 @@ fail_quiet:
     return -1;
 }
 
+#define DESTROY_CHECK(c, call)                                                                              \
+    do {                                                                                                    \
+        int dc_rc_ = (int)(call);                                                                           \
+        if (dc_rc_ != 0)                                                                                    \
+            LOG_WARN("comm_cuda_ipc rank %d: %s:%d: %s: %s", (c)->rank, __FILE__, __LINE__, #call,         \
+                     kn_strerror(dc_rc_));                                                                  \
+    } while (0)
+
 void comm_cuda_ipc_destroy(comm_cuda_ipc *c) {
     if (!c) return;
     if (c->watch_started) {
         atomic_store(&c->stop, 1);
         pthread_join(c->watch, NULL);
     }
+    /* Never fails, but says what went wrong (a peer that died may have taken its region with it). */
     for (int j = 0; j < KN_AR_MAX_RANKS; j++)
-        if (c->peer[j]) (void)cudaIpcCloseMemHandle(c->peer[j]);
-    if (c->region) (void)cudaFree(c->region);
-    if (c->ctrl) (void)cudaFreeHost((void *)c->ctrl);
+        if (c->peer[j]) DESTROY_CHECK(c, cudaIpcCloseMemHandle(c->peer[j]));
+    if (c->region) DESTROY_CHECK(c, cudaFree(c->region));
+    if (c->ctrl) DESTROY_CHECK(c, cudaFreeHost((void *)c->ctrl));
     free(c);
 }
 

@@ -40,6 +40,11 @@ static int rank_check(comm *c, const char *mode) {
     if (!strcmp(mode, "--mode=baddev") && rank == world - 1) cfg.device = 99;
     comm_cuda_ipc *ic = NULL;
     specd_err e = {{0}};
+    /* every rank attached first: a worker's failure must not abort the group while ranks_launch still waits */
+    if (comm_barrier(c, &e)) {
+        printf("rank %d: barrier: %s\n", rank, e.msg);
+        return 1;
+    }
     double t0 = now_ms();
     int rc = comm_cuda_ipc_create(c, &cfg, &ic, &e);
     double ms = now_ms() - t0;
