@@ -118,6 +118,7 @@ else
     printf 'kn_bench\t125\t0\n' >>"$STEPS"
 fi
 [ -x "$(dirname "$BENCH")/kn_moe_bench" ] && run_step kn_moe_bench 120 "$(dirname "$BENCH")/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
+[ -x "$BUILD/tests/comm/comm_gpu_bench" ] && run_step comm_gpu_bench 120 "$BUILD/tests/comm/comm_gpu_bench" --json "$OUT/comm_gpu_bench.jsonl" --iters 100 --nccl-iters 20
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"

@@ -16,8 +16,9 @@
  *  - a per-call timeout: a peer that does not arrive within timeout_ms fails
  *    the call with "timed out ... waiting for rank R" and aborts the group
  *    (a collective that half happened cannot be resumed).
- * Device communicators (comm_nccl.h; cuda_ipc later) are bootstrapped through
- * a `comm` (the NCCL unique id travels by comm_broadcast).
+ * Device communicators (comm_nccl.h, comm_cuda_ipc.h) are bootstrapped through
+ * a `comm` (the NCCL unique id travels by comm_broadcast; the CUDA IPC handles
+ * by comm_all_gather) and propagate their failures through its abort.
  *
  * Determinism: comm_all_reduce_sum_f32 gives every rank, for element i, the
  * value ((x0[i] + x1[i]) + x2[i]) + ... + x_{N-1}[i] in f32, rank order fixed,

@@ -3,10 +3,17 @@
  * functions the tests call (kn_emu_device.hpp has the model). x86-64 only:
  * a six-register context switch, no signals, no syscalls per switch.
  */
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fcntl.h>
 #include <functional>
+#include <mutex>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -16,6 +23,21 @@ extern "C" const char *kn_strerror(int code);
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 float kn_emu_shfl_f[1024];
+int kn_emu_sync_or;
+
+uint64_t kn_emu_globaltimer() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+void kn_emu_spin_pause() { sched_yield(); }
+
+/* A graph: the launches recorded while its stream was capturing. */
+struct kn_emu_graph {
+    struct Launch { dim3 grid, block; std::function<void()> body; };
+    std::vector<Launch> launches;
+};
+static kn_emu_graph *g_capture; /* non-NULL while a stream captures */
 
 extern "C" void kn_emu_switch(void **save_sp, void *load_sp);
 asm(R"(
@@ -71,6 +93,10 @@ void kn_emu_syncthreads() { yield(WAIT_BLOCK); }
 void kn_emu_syncwarp() { yield(WAIT_WARP); }
 
 void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
+    if (g_capture) {
+        g_capture->launches.push_back(kn_emu_graph::Launch{grid, block, body});
+        return;
+    }
     const int nt = (int)(block.x * block.y * block.z);
     if (nt > 1024 || block.y != 1 || block.z != 1) {
         fprintf(stderr, "kn_emu: block %ux%ux%u unsupported\n", block.x, block.y, block.z);
@@ -135,12 +161,117 @@ void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
 }
 
 extern "C" {
+/* Device memory: one memfd mapping per allocation (so cudaIpcOpenMemHandle can map it in another process). */
+static std::mutex g_mu;
+struct Alloc { void *p; size_t n; int fd; bool imported; };
+static std::vector<Alloc> g_allocs;
+
 cudaError_t cudaMalloc(void **p, size_t n) {
-    *p = malloc(n ? n : 1);
-    if (*p) memset(*p, 0xA5, n); /* garbage, like fresh device memory */
+    *p = nullptr;
+    if (n == 0) n = 1;
+    int fd = memfd_create("kn_emu", 0);
+    if (fd < 0 || ftruncate(fd, (off_t)n) != 0) {
+        if (fd >= 0) close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    void *m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(m, 0xA5, n); /* garbage, like fresh device memory */
+    std::lock_guard<std::mutex> l(g_mu);
+    g_allocs.push_back(Alloc{m, n, fd, false});
+    *p = m;
+    return cudaSuccess;
+}
+static cudaError_t unmap(void *p, bool imported) {
+    std::lock_guard<std::mutex> l(g_mu);
+    for (size_t i = 0; i < g_allocs.size(); i++)
+        if (g_allocs[i].p == p && g_allocs[i].imported == imported) {
+            munmap(p, g_allocs[i].n);
+            if (g_allocs[i].fd >= 0) close(g_allocs[i].fd);
+            g_allocs.erase(g_allocs.begin() + (long)i);
+            return cudaSuccess;
+        }
+    return cudaErrorInvalidValue;
+}
+cudaError_t cudaFree(void *p) { return p ? unmap(p, false) : cudaSuccess; }
+
+struct IpcHandle { int pid, fd; size_t n; };
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+    std::lock_guard<std::mutex> l(g_mu);
+    for (const Alloc &a : g_allocs)
+        if (a.p == p && !a.imported) {
+            IpcHandle ih{(int)getpid(), a.fd, a.n};
+            memset(h, 0, sizeof *h);
+            memcpy(h->reserved, &ih, sizeof ih);
+            return cudaSuccess;
+        }
+    return cudaErrorInvalidValue;
+}
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned) {
+    IpcHandle ih;
+    memcpy(&ih, h.reserved, sizeof ih);
+    if (ih.pid == (int)getpid()) return cudaErrorInvalidValue; /* CUDA refuses a process its own handle too */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return cudaErrorInvalidValue;
+    void *m = mmap(nullptr, ih.n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> l(g_mu);
+    g_allocs.push_back(Alloc{m, ih.n, -1, true});
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaIpcCloseMemHandle(void *p) { return unmap(p, true); }
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
+    *p = calloc(1, n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) { *d = h; return cudaSuccess; }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr, int) { *v = 0; return cudaSuccess; }
+cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int dev) {
+    snprintf(bus, (size_t)len, "0000:00:%02x.0", dev);
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *bus) {
+    unsigned d = 0;
+    if (sscanf(bus, "0000:00:%x.0", &d) != 1 || d != 0) return cudaErrorInvalidDevice;
+    *dev = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) { *can = 1; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+    if (g_capture) return cudaErrorInvalidValue;
+    g_capture = new kn_emu_graph();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+    *g = g_capture;
+    g_capture = nullptr;
+    return *g ? cudaSuccess : cudaErrorInvalidValue;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = new kn_emu_graph(*g);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    for (const kn_emu_graph::Launch &l : e->launches) kn_emu_run(l.grid, l.block, l.body);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) { return kn_strerror((int)e); }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) {
     memmove(d, s, n);
     return cudaSuccess;

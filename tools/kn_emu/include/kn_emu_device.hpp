@@ -29,11 +29,18 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __grid_constant__
+
+struct float4 { float x, y, z, w; };
+struct uint4 { unsigned x, y, z, w; };
 
 void kn_emu_syncthreads();
 void kn_emu_syncwarp();
 void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body);
 extern float kn_emu_shfl_f[1024];
+extern int kn_emu_sync_or;
+uint64_t kn_emu_globaltimer();  /* CLOCK_MONOTONIC ns */
+void kn_emu_spin_pause();       /* sched_yield: a spinning fiber lets the peer processes run */
 
 inline void __syncthreads() { kn_emu_syncthreads(); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
@@ -44,6 +51,21 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     kn_emu_syncwarp();
     return r;
 }
+inline int __syncthreads_or(int p) {
+    if (p) kn_emu_sync_or = 1;
+    kn_emu_syncthreads();
+    const int r = kn_emu_sync_or;
+    kn_emu_syncthreads();
+    if (threadIdx.x == 0) kn_emu_sync_or = 0;
+    kn_emu_syncthreads();
+    return r;
+}
+/* Memory shared with other processes: every access is a real load / store, fences are full fences. */
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T> inline T __ldcg(const T *p) { return *(const volatile T *)p; }
+inline float4 __ldcg(const float4 *p) { const volatile float *q = (const volatile float *)p; return float4{q[0], q[1], q[2], q[3]}; }
+inline uint4 __ldcg(const uint4 *p) { const volatile unsigned *q = (const volatile unsigned *)p; return uint4{q[0], q[1], q[2], q[3]}; }
 inline int atomicAdd(int *a, int v) { int o = *a; *a = o + v; return o; }
 inline unsigned atomicAdd(unsigned *a, unsigned v) { unsigned o = *a; *a = o + v; return o; }
 inline unsigned atomicOr(unsigned *a, unsigned v) { unsigned o = *a; *a = o | v; return o; }
