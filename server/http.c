@@ -495,6 +495,11 @@ void http_attach_engine(http_server *s, engine *e, const char *model_name, const
 }
 
 void http_set_draining(http_server *s) { atomic_store(&s->state, HTTP_DRAINING); }
+void http_set_draining_why(http_server *s, const char *why) {
+    if (atomic_load(&s->state) != HTTP_DRAINING) /* written before the (seq_cst) store readers load */
+        snprintf(s->drain_why, sizeof s->drain_why, "%s", why ? why : "");
+    atomic_store(&s->state, HTTP_DRAINING);
+}
 http_state http_get_state(const http_server *s) { return (http_state)atomic_load(&s->state); }
 uint16_t http_port(const http_server *s) { return s->port; }
 

@@ -47,6 +47,11 @@ int http_start(const http_opts *o, http_server **out, specd_err *err);
 void http_attach_engine(http_server *s, engine *e, const char *model_name, const char *model_root,
                         int32_t max_model_len);
 void http_set_draining(http_server *s);
+/* http_set_draining with the reason the server stops for ("tensor parallel
+ * group failed: rank 1 ... exited (signal 9)"), copied (truncated at 511
+ * bytes): requests aborted from then on carry it in their error message, so a
+ * client sees why, not only that the server went away. NULL or "" = no reason. */
+void http_set_draining_why(http_server *s, const char *why);
 http_state http_get_state(const http_server *s);
 /* Number of requests with generation still in flight (streams open). */
 int http_active_requests(http_server *s);

@@ -276,9 +276,12 @@ static int pump(http_req *r) {
                 if (o->finish == FINISH_ERROR || o->finish == FINISH_ABORT) {
                     r->any_error = true;
                     if (o->finish == FINISH_ERROR && o->error_status) r->error_status = o->error_status;
-                    snprintf(r->error_msg, sizeof r->error_msg, "%s",
-                             o->finish == FINISH_ERROR ? (o->error[0] ? o->error : "internal error")
-                                                       : "the request was aborted");
+                    if (o->finish == FINISH_ERROR)
+                        snprintf(r->error_msg, sizeof r->error_msg, "%s", o->error[0] ? o->error : "internal error");
+                    else if (atomic_load(&r->srv->state) == HTTP_DRAINING && r->srv->drain_why[0])
+                        snprintf(r->error_msg, sizeof r->error_msg, "the request was aborted: %s", r->srv->drain_why);
+                    else
+                        snprintf(r->error_msg, sizeof r->error_msg, "the request was aborted");
                 }
             }
             int rc = 0;
@@ -345,7 +348,7 @@ static enum MHD_Result finish_json(http_req *r) {
         /* aborted by the shutdown timeout: the client may retry elsewhere */
         bool draining = atomic_load(&r->srv->state) == HTTP_DRAINING;
         oai_error_set(&e, r->error_status ? r->error_status : draining ? 503 : 500, NULL, "%s%s", r->error_msg,
-                      draining && !r->error_status ? " (the server is shutting down)" : "");
+                      draining && !r->error_status && !r->srv->drain_why[0] ? " (the server is shutting down)" : "");
         return http_send_error(r, &e);
     }
     /* echo: prepend the prompt text to every choice of its prompt */

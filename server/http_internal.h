@@ -42,6 +42,7 @@ struct http_server {
     metrics *metrics;
     const char *config_json;
     _Atomic int state;                  /* http_state */
+    char drain_why[512];                /* written once before state becomes DRAINING; "" = SIGTERM */
     engine *eng;                        /* set before state becomes SERVING */
     const tokenizer *tok;
     char model_name[256];
@@ -91,7 +92,7 @@ struct http_req {
     size_t out_prefix_len;
     bool any_error;
     int32_t error_status;   /* engine_output.error_status of the first error (503: overloaded), 0 = 500 */
-    char error_msg[256];
+    char error_msg[640];
     /* streaming output buffer (SSE bytes not yet handed to MHD) */
     char *out;
     size_t out_len, out_off, out_cap;

@@ -299,7 +299,9 @@ int specd_serve_main(int argc, char **argv) {
     if (tp_why[0]) {
         LOG_ERROR("tensor parallel group failed: %s; aborting requests and exiting", tp_why);
         NOTIFY("STOPPING=1\nSTATUS=tensor parallel group failed: %s", tp_why);
-        http_set_draining(srv);
+        char why[COMM_REASON_MAX + 64];
+        snprintf(why, sizeof why, "tensor parallel group failed: %s", tp_why);
+        http_set_draining_why(srv, why);
         engine_drain(b.eng);
         engine_wait_idle(b.eng, 0.0);
         for (int i = 0; i < 500 && http_active_requests(srv) > 0; i++) {
