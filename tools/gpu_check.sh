@@ -117,6 +117,7 @@ else
     log "kn_bench not built: not run"
     printf 'kn_bench\t125\t0\n' >>"$STEPS"
 fi
+run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"
