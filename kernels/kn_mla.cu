@@ -36,12 +36,16 @@
  * or warp does the same arithmetic. So a (token, head) row is the same bits
  * whatever shares its batch (BATCH INVARIANCE).
  *
- * Arithmetic intensity: at 8 heads a latent row (1,152 bytes) costs 8 x 576 x
- * 2 FMAs (9,216): about what an H200's CUDA cores do in the time HBM
- * delivers the row, so decode is near the bandwidth bound only with every
- * SM busy; verify (4 tokens) is compute-bound on CUDA cores (each token's
- * CTAs re-read the rows from L2). A tensor-core (mma bf16, q split hi + lo)
- * version is the next step if the benchmark says so (docs/kimi-k2.5.md).
+ * Arithmetic intensity: at 8 heads a latent row (1,152 bytes) costs 8 x (576 +
+ * 512) FMAs: about what an H200's CUDA cores do in the time HBM delivers the
+ * row, so decode is near the bandwidth bound only with every SM busy, and a
+ * verify of 4 tokens is compute-bound on CUDA cores (each token's CTAs re-read
+ * the rows from L2). Hence the second pass-1 kernel,
+ * kn_mla_partial_mma_kernel: the same CTA, rows, masks, softmax statistics,
+ * scratch and merge, with the two products on tensor cores (mma.sync
+ * m16n8k16 bf16 -> f32; q and the weights p split into bf16 hi + lo, both
+ * multiplied; the 8 heads fill half of the 16 A rows). Its comment says more.
+ * Which one the model uses is for kn_mla_bench on a GPU to decide.
  *
  * Scratch: part_o f32 [T, n_heads, n_split, kvl], then part_m and part_l f32
  * [T, n_heads, n_split], n_split = ceil(max_len / KN_MLA_SPLIT).
@@ -95,6 +99,57 @@ __device__ __forceinline__ float kn_warp_max(float x) {
     return x;
 }
 
+#if defined(KN_EMU_DEVICE_HPP)
+/* tools/kn_emu (every thread a fiber): the warp's fragments through a table, then each lane computes its
+ * own four D elements from the PTX ISA's m16n8k16 layouts (sequential f32 FMAs; the hardware's internal
+ * order differs, a fixed order either way). */
+inline void kn_emu_mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                            uint32_t b1) {
+    static uint32_t fa[1024][4], fb[1024][2];
+    const unsigned me = threadIdx.x, base = me & ~31u, lane = me & 31u;
+    fa[me][0] = a0, fa[me][1] = a1, fa[me][2] = a2, fa[me][3] = a3, fb[me][0] = b0, fb[me][1] = b1;
+    kn_emu_syncwarp();
+    auto half = [](uint32_t w, int hi) { return __uint_as_float((hi ? w >> 16 : w & 0xffffu) << 16); };
+    /* A (16 x 16, row): a0 rows 0-7 / cols 0-7, a1 rows 8-15, a2 cols 8-15, a3 both; lane = 4 row + col / 2 */
+    auto A = [&](int r, int k) {
+        return half(fa[base + (r & 7) * 4 + ((k & 7) >> 1)][(r >> 3) + 2 * (k >> 3)], k & 1);
+    };
+    /* B (16 x 8, col): b0 rows (k) 0-7, b1 rows 8-15; lane = 4 n + k / 2 */
+    auto B = [&](int k, int n) { return half(fb[base + n * 4 + ((k & 7) >> 1)][k >> 3], k & 1); };
+    const int g = (int)(lane >> 2), t = (int)(lane & 3);
+    float d[4];
+    for (int e = 0; e < 4; e++) { /* c0, c1: row g, cols 2t, 2t + 1; c2, c3: row g + 8 */
+        const int r = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float acc = c[e];
+        for (int k = 0; k < 16; k++) acc = fmaf(A(r, k), B(k, col), acc);
+        d[e] = acc;
+    }
+    kn_emu_syncwarp();
+    for (int e = 0; e < 4; e++) c[e] = d[e];
+}
+#endif
+
+/* D = A B + D, one warp: A bf16 16 x 16 (row-major fragments a0..a3), B bf16 16 x 8 (column-major
+ * fragments b0, b1), D f32 16 x 8 (c0..c3); each u32 holds two bf16, the lower index in the low half
+ * (PTX ISA, mma.m16n8k16 .bf16). */
+__device__ __forceinline__ void kn_mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#elif defined(KN_EMU_DEVICE_HPP)
+    kn_emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);
+#endif
+}
+
+/* x ~= hi + lo, both bf16 (RNE): 16 significant bits between them, relative error <= 2^-17. */
+__device__ __forceinline__ void kn_split_bf16(float x, uint32_t &hi, uint32_t &lo) {
+    hi = kn_bf16_rne(x);
+    lo = kn_bf16_rne(x - __uint_as_float(hi << 16));
+}
+
 __device__ __forceinline__ bool kn_token_ok(const kn_attn_batch &b, int32_t pos, int32_t seq) {
     return pos >= 0 && pos < b.max_len && seq >= 0 && seq < b.n_seqs;
 }
@@ -109,6 +164,57 @@ __device__ __forceinline__ int64_t kn_row_off(const kn_mla_cache &c, const int32
     if (blk < 0 || blk >= c.n_blocks) return -1;
     const int64_t slot = (int64_t)blk * c.block_size + (int64_t)(p % c.block_size);
     return slot * (int64_t)(c.kv_lora_rank + c.rope_dim);
+}
+
+/* The split's row offsets into roff[KN_MLA_SPLIT] (shared): the element offset of position p0 + i's latent
+ * row, or -1 when it is not read (i >= n, hidden from token t by the tree mask, or a bad block entry, which
+ * also sets sm_bad). The tree rule: a position held by in-step tokens of seq is decided by the FIRST of them
+ * (the CPU's lookup). Called by all threads of the CTA; ends with a barrier. */
+__device__ __forceinline__ void kn_mla_rows(const kn_mla_cache &c, const kn_attn_batch &b, int32_t t, int32_t seq,
+                                            int32_t p0, int32_t n, int64_t *roff, uint8_t *msk, int &sm_bad) {
+    const int tid = (int)threadIdx.x;
+    const int32_t *bt_row = b.block_tables + (size_t)seq * (size_t)b.bt_stride;
+    for (int i = tid; i < KN_MLA_SPLIT; i += kThreads) msk[i] = 0;
+    if (tid == 0) sm_bad = 0;
+    __syncthreads();
+    if (b.tree_mask) {
+        const int32_t T = b.n_tokens;
+        const uint8_t *mrow = b.tree_mask + (size_t)t * (size_t)T;
+        for (int32_t u = tid; u < T; u += kThreads) {
+            const int32_t pu = b.pos[u];
+            if (b.seq_of[u] != seq || pu < p0 || pu >= p0 + n || mrow[u]) continue;
+            bool first = true;
+            for (int32_t u2 = 0; u2 < u && first; u2++) first = !(b.seq_of[u2] == seq && b.pos[u2] == pu);
+            if (first) msk[pu - p0] = 1;
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < KN_MLA_SPLIT; i += kThreads) {
+        int64_t ro = -1;
+        if (i < n && !msk[i]) {
+            ro = kn_row_off(c, bt_row, b.bt_stride, p0 + i);
+            if (ro < 0) sm_bad = 1;
+        }
+        roff[i] = ro;
+    }
+    __syncthreads();
+}
+
+/* The split's softmax statistics, warp = head of the group: sc[h][i] (scores, i < n) -> pe[i][h] = expf(s -
+ * m) (0 for -inf and past n), sm_m[h] = m, sm_l[h] = sum of pe over a fixed shape (lane: e[l] + e[l + 32],
+ * then the xor butterfly). Ends with a barrier. */
+__device__ __forceinline__ void kn_mla_softmax(const float (*sc)[KN_MLA_SPLIT], int32_t n, float (*pe)[kHG],
+                                               float *sm_m, float *sm_l) {
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, hh = warp;
+    const float a = lane < n ? sc[hh][lane] : -INFINITY, a2 = lane + 32 < n ? sc[hh][lane + 32] : -INFINITY;
+    const float mx = kn_warp_max(fmaxf(a, a2));
+    const float e = (mx == -INFINITY || a == -INFINITY) ? 0.0f : expf(a - mx);
+    const float e2 = (mx == -INFINITY || a2 == -INFINITY) ? 0.0f : expf(a2 - mx);
+    pe[lane][hh] = e;
+    pe[lane + 32][hh] = e2;
+    const float l = kn_warp_sum(e + e2);
+    if (lane == 0) sm_m[hh] = mx, sm_l[hh] = l;
+    __syncthreads();
 }
 
 /* One CTA per token: its latent row, rounded to bf16, into the slot. */
@@ -147,7 +253,6 @@ __global__ void __launch_bounds__(kThreads) kn_mla_partial_kernel(kn_mla_cache c
     const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int32_t kvl = c.kv_lora_rank, D = kvl + c.rope_dim;
     const int32_t nch = (D + 63) / 64, Dp = nch * 64; /* chunks; padded q row in shared */
-    const int32_t *bt_row = b.block_tables + (size_t)seq * (size_t)b.bt_stride;
 
     /* q rows of the group, permuted per chunk, zeros past D and for absent heads */
     const float *qg = q + ((size_t)t * (size_t)n_heads + (size_t)h0) * (size_t)D;
@@ -156,32 +261,7 @@ __global__ void __launch_bounds__(kThreads) kn_mla_partial_kernel(kn_mla_cache c
         const int32_t d = 64 * j + (w < 32 ? 2 * w : 2 * (w - 32) + 1);
         qs[i] = (hh < nh && d < D) ? qg[(size_t)hh * (size_t)D + (size_t)d] : 0.0f;
     }
-    for (int i = tid; i < KN_MLA_SPLIT; i += kThreads) msk[i] = 0;
-    if (tid == 0) sm_bad = 0;
-    __syncthreads();
-    if (b.tree_mask) {
-        /* positions of this split held by in-step tokens of seq that t must not see:
-         * decided by the FIRST in-step token at that position (the CPU's lookup) */
-        const int32_t T = b.n_tokens;
-        const uint8_t *mrow = b.tree_mask + (size_t)t * (size_t)T;
-        for (int32_t u = tid; u < T; u += kThreads) {
-            const int32_t pu = b.pos[u];
-            if (b.seq_of[u] != seq || pu < p0 || pu >= p0 + n || mrow[u]) continue;
-            bool first = true;
-            for (int32_t u2 = 0; u2 < u && first; u2++) first = !(b.seq_of[u2] == seq && b.pos[u2] == pu);
-            if (first) msk[pu - p0] = 1;
-        }
-        __syncthreads();
-    }
-    for (int i = tid; i < KN_MLA_SPLIT; i += kThreads) {
-        int64_t ro = -1;
-        if (i < n && !msk[i]) {
-            ro = kn_row_off(c, bt_row, b.bt_stride, p0 + i);
-            if (ro < 0) sm_bad = 1;
-        }
-        roff[i] = ro;
-    }
-    __syncthreads();
+    kn_mla_rows(c, b, t, seq, p0, n, roff, msk, sm_bad);
 
     /* scores: 4 positions per warp per pass, all heads of the group from one read of each row */
     const uint16_t *lat = c.lat;
@@ -230,19 +310,7 @@ __global__ void __launch_bounds__(kThreads) kn_mla_partial_kernel(kn_mla_cache c
     }
     __syncthreads();
 
-    /* softmax statistics of the split, warp = head of the group */
-    {
-        const int hh = warp;
-        const float a = lane < n ? sc[hh][lane] : -INFINITY, a2 = lane + 32 < n ? sc[hh][lane + 32] : -INFINITY;
-        const float mx = kn_warp_max(fmaxf(a, a2));
-        const float e = (mx == -INFINITY || a == -INFINITY) ? 0.0f : expf(a - mx);
-        const float e2 = (mx == -INFINITY || a2 == -INFINITY) ? 0.0f : expf(a2 - mx);
-        pe[lane][hh] = e;
-        pe[lane + 32][hh] = e2;
-        const float l = kn_warp_sum(e + e2);
-        if (lane == 0) sm_m[hh] = mx, sm_l[hh] = l;
-    }
-    __syncthreads();
+    kn_mla_softmax(sc, n, pe, sm_m, sm_l);
 
     /* PV on the c_kv half: thread tid owns dims 2 tid, 2 tid + 1 for every head of the group */
     const int32_t dp = 2 * tid;
@@ -276,6 +344,127 @@ __global__ void __launch_bounds__(kThreads) kn_mla_partial_kernel(kn_mla_cache c
             part_m[ps] = bad ? NAN : sm_m[h];
             part_l[ps] = bad ? NAN : sm_l[h];
         }
+    }
+}
+
+/* The same partial pass on tensor cores (kn_mla_attention_mma): per CTA the scores S [8 heads (+ 8 empty
+ * rows) x 64 positions] = Q [16 x (kvl + r)] . L^T and the output O [16 x kvl] = P [16 x 64] . C_kv [64 x
+ * kvl] as mma.m16n8k16 bf16 -> f32. q and the softmax weights p are f32: each is split into bf16 hi + lo
+ * and both halves are multiplied (x.b = hi.b + lo.b: 16 significant bits of x, so the f32 accuracy of the
+ * CUDA-core kernel within 2^-17 per product); the latent is bf16 already. Warp w: scores of positions
+ * 8w .. 8w + 7 over ceil((kvl + r) / 16) k-steps (B fragments straight from the latent rows: each row read
+ * from memory once for the 8 heads), then O's dims 64w .. 64w + 63 over the 4 k-steps of 16 positions.
+ * A row's result depends only on its own q (or p) row and the latent: the empty rows and the other heads
+ * never enter it, so batch invariance holds as in the CUDA-core kernel (not the same bits as that kernel). */
+constexpr int kQPairs = KN_MLA_MAX_LATENT / 2 + 4; /* u32 pairs per head row in shared, padded: conflict-free */
+constexpr int kPPairs = KN_MLA_SPLIT / 2 + 4;
+static_assert(KN_MLA_SPLIT == 8 * kWarps, "scores: one 8-position n-tile per warp");
+static_assert(KN_MLA_MAX_KVL == 64 * kWarps, "PV: 64 dims (8 n-tiles) per warp");
+
+__global__ void __launch_bounds__(kThreads) kn_mla_partial_mma_kernel(kn_mla_cache c, kn_attn_batch b,
+                                                                      const float *q, int32_t n_heads, float scale,
+                                                                      int32_t n_split, float *part_o, float *part_m,
+                                                                      float *part_l) {
+    __shared__ uint32_t qh[kHG * kQPairs], ql[kHG * kQPairs]; /* q rows as bf16 pairs, hi and lo */
+    __shared__ uint32_t ph[kHG * kPPairs], pl[kHG * kPPairs]; /* softmax weights as bf16 pairs, hi and lo */
+    __shared__ float sc[kHG][KN_MLA_SPLIT];
+    __shared__ float pe[KN_MLA_SPLIT][kHG];
+    __shared__ int64_t roff[KN_MLA_SPLIT];
+    __shared__ uint8_t msk[KN_MLA_SPLIT];
+    __shared__ float sm_m[kHG], sm_l[kHG];
+    __shared__ int sm_bad;
+
+    const int32_t t = (int32_t)blockIdx.x, split = (int32_t)blockIdx.y, h0 = (int32_t)blockIdx.z * kHG;
+    const int32_t pos = b.pos[t], seq = b.seq_of[t];
+    const int32_t p0 = split * KN_MLA_SPLIT;
+    if (!kn_token_ok(b, pos, seq) || p0 > pos) return;
+    const int32_t n = min(pos + 1 - p0, KN_MLA_SPLIT);
+    const int32_t nh = min(kHG, n_heads - h0);
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int32_t kvl = c.kv_lora_rank, D = kvl + c.rope_dim, nks = (D + 15) / 16;
+
+    const float *qg = q + ((size_t)t * (size_t)n_heads + (size_t)h0) * (size_t)D;
+    for (int32_t i = tid; i < kHG * (KN_MLA_MAX_LATENT / 2); i += kThreads) {
+        const int32_t hh = i / (KN_MLA_MAX_LATENT / 2), j = i % (KN_MLA_MAX_LATENT / 2), d = 2 * j;
+        const float x0 = (hh < nh && d < D) ? qg[(size_t)hh * (size_t)D + (size_t)d] : 0.0f;
+        const float x1 = (hh < nh && d + 1 < D) ? qg[(size_t)hh * (size_t)D + (size_t)d + 1] : 0.0f;
+        uint32_t h0b, l0b, h1b, l1b;
+        kn_split_bf16(x0, h0b, l0b);
+        kn_split_bf16(x1, h1b, l1b);
+        qh[hh * kQPairs + j] = h0b | (h1b << 16);
+        ql[hh * kQPairs + j] = l0b | (l1b << 16);
+    }
+    kn_mla_rows(c, b, t, seq, p0, n, roff, msk, sm_bad);
+
+    /* scores: warp w, positions 8w + g (B column g), k-steps of 16 dims; rows 8..15 of A are empty */
+    const uint16_t *lat = c.lat;
+    {
+        const int64_t ro = roff[8 * warp + g]; /* -1 past n */
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int32_t ks = 0; ks < nks; ks++) {
+            const int32_t d0 = 16 * ks + 2 * t4;
+            const uint32_t b0 = (ro >= 0 && d0 < D) ? *reinterpret_cast<const uint32_t *>(lat + ro + d0) : 0u;
+            const uint32_t b1 = (ro >= 0 && d0 + 8 < D) ? *reinterpret_cast<const uint32_t *>(lat + ro + d0 + 8) : 0u;
+            const int qa = g * kQPairs + 8 * ks + t4;
+            kn_mma_bf16(acc, qh[qa], 0u, qh[qa + 4], 0u, b0, b1);
+            kn_mma_bf16(acc, ql[qa], 0u, ql[qa + 4], 0u, b0, b1);
+        }
+        /* acc[0], acc[1]: head g, positions 8w + 2 t4, + 1 */
+        for (int e = 0; e < 2; e++) {
+            const int i = 8 * warp + 2 * t4 + e;
+            if (i < n) sc[g][i] = roff[i] < 0 ? -INFINITY : acc[e] * scale;
+        }
+    }
+    __syncthreads();
+    kn_mla_softmax(sc, n, pe, sm_m, sm_l);
+    {
+        const int hh = tid / 32, j = tid % 32; /* 8 heads x 32 position pairs = 256 threads */
+        uint32_t h0b, l0b, h1b, l1b;
+        kn_split_bf16(pe[2 * j][hh], h0b, l0b);
+        kn_split_bf16(pe[2 * j + 1][hh], h1b, l1b);
+        ph[hh * kPPairs + j] = h0b | (h1b << 16);
+        pl[hh * kPPairs + j] = l0b | (l1b << 16);
+    }
+    __syncthreads();
+
+    /* PV: warp w, dims 64w .. 64w + 63 as 8 n-tiles; B = C_kv [positions x dims]: b0 = the dim-(g) values of
+     * positions 16 ks + 2 t4 and + 1, b1 = positions + 8 (2-byte loads; the rows are in L1 / L2 by now) */
+    const bool bad = sm_bad != 0;
+    if (64 * warp < kvl) {
+        uint32_t ah[4][2], al[4][2];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            const int pa = g * kPPairs + 8 * ks + t4;
+            ah[ks][0] = ph[pa], ah[ks][1] = ph[pa + 4], al[ks][0] = pl[pa], al[ks][1] = pl[pa + 4];
+        }
+        for (int nt = 0; nt < 8; nt++) {
+            const int32_t dn = 64 * warp + 8 * nt + g; /* this lane's B column */
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t v[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) { /* positions 16 ks + 2 t4 + {0, 1, 8, 9} */
+                    const int64_t r = roff[16 * ks + 2 * t4 + (e & 1) + 8 * (e >> 1)];
+                    v[e] = (r >= 0 && dn < kvl) ? (uint32_t)lat[r + dn] : 0u;
+                }
+                const uint32_t b0 = v[0] | (v[1] << 16), b1 = v[2] | (v[3] << 16);
+                kn_mma_bf16(acc, ah[ks][0], 0u, ah[ks][1], 0u, b0, b1);
+                kn_mma_bf16(acc, al[ks][0], 0u, al[ks][1], 0u, b0, b1);
+            }
+            /* acc[0], acc[1]: head g, dims 64w + 8 nt + 2 t4, + 1 */
+            const int32_t d = 64 * warp + 8 * nt + 2 * t4;
+            if (g < nh && d < kvl) {
+                const size_t ps = ((size_t)t * (size_t)n_heads + (size_t)(h0 + g)) * (size_t)n_split + (size_t)split;
+                part_o[ps * (size_t)kvl + (size_t)d] = bad ? NAN : acc[0];
+                part_o[ps * (size_t)kvl + (size_t)d + 1] = bad ? NAN : acc[1];
+            }
+        }
+    }
+    if (tid < nh) {
+        const size_t ps = ((size_t)t * (size_t)n_heads + (size_t)(h0 + tid)) * (size_t)n_split + (size_t)split;
+        part_m[ps] = bad ? NAN : sm_m[tid];
+        part_l[ps] = bad ? NAN : sm_l[tid];
     }
 }
 
@@ -345,8 +534,9 @@ extern "C" size_t kn_mla_scratch_bytes(int32_t T, int32_t n_heads, int32_t max_l
     return (f * sizeof(float) + 255) / 256 * 256;
 }
 
-extern "C" int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads,
-                                float scale, float *out, void *scratch, size_t scratch_bytes, void *stream) {
+namespace {
+int kn_mla_launch(bool mma, const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads,
+                  float scale, float *out, void *scratch, size_t scratch_bytes, void *stream) {
     int rc = kn_mla_check(c, b);
     if (rc != 0 || b->n_tokens == 0) return rc;
     if (!q || !out || !scratch || n_heads <= 0) return (int)cudaErrorInvalidValue;
@@ -361,11 +551,25 @@ extern "C" int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, c
     float *part_m = part_o + parts * (size_t)kvl;
     float *part_l = part_m + parts;
     cudaStream_t st = (cudaStream_t)stream;
-    kn_mla_partial_kernel<<<dim3((unsigned)b->n_tokens, (unsigned)ns, (unsigned)ng), kThreads, 0, st>>>(
-        *c, *b, q, n_heads, scale, ns, part_o, part_m, part_l);
+    const dim3 grid((unsigned)b->n_tokens, (unsigned)ns, (unsigned)ng);
+    if (mma)
+        kn_mla_partial_mma_kernel<<<grid, kThreads, 0, st>>>(*c, *b, q, n_heads, scale, ns, part_o, part_m, part_l);
+    else
+        kn_mla_partial_kernel<<<grid, kThreads, 0, st>>>(*c, *b, q, n_heads, scale, ns, part_o, part_m, part_l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return (int)e;
     kn_mla_merge_kernel<<<(unsigned)(b->n_tokens * n_heads), 128, 0, st>>>(*b, n_heads, kvl, ns, part_o, part_m,
                                                                          part_l, out);
     return (int)cudaGetLastError();
+}
+}  // namespace
+
+extern "C" int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads,
+                                float scale, float *out, void *scratch, size_t scratch_bytes, void *stream) {
+    return kn_mla_launch(false, c, b, q, n_heads, scale, out, scratch, scratch_bytes, stream);
+}
+
+extern "C" int kn_mla_attention_mma(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads,
+                                    float scale, float *out, void *scratch, size_t scratch_bytes, void *stream) {
+    return kn_mla_launch(true, c, b, q, n_heads, scale, out, scratch, scratch_bytes, stream);
 }

@@ -22,7 +22,8 @@
  * (b * block_size + s) * (kvl + r). Kimi-K2.5: kvl 512, r 64: 1,152 bytes per
  * token per layer, 70,272 bytes per token for 61 layers.
  *
- * Work split (FlashMLA's data flow, CUDA-core arithmetic): one CTA per (token,
+ * Work split (FlashMLA's data flow; CUDA-core f32 arithmetic in
+ * kn_mla_attention, tensor cores in kn_mla_attention_mma): one CTA per (token,
  * group of KN_MLA_HEADS_PER_CTA query heads, split of KN_MLA_SPLIT
  * positions). The CTA reads each latent row of its split from memory ONCE
  * for all the heads of its group (Kimi at TP 8: the rank's 8 heads = one
@@ -90,6 +91,12 @@ size_t kn_mla_scratch_bytes(int32_t T, int32_t n_heads, int32_t max_len, int32_t
  * or a cudaError_t value. */
 int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads, float scale,
                      float *out, void *scratch, size_t scratch_bytes, void *stream);
+
+/* The same on tensor cores (mma.sync m16n8k16 bf16 -> f32, q and the softmax weights split into bf16 hi +
+ * lo): same contract, scratch and split, batch invariant on its own (its bits differ from kn_mla_attention's
+ * in the last places). Which of the two the model uses is decided by kn_mla_bench on a GPU. */
+int kn_mla_attention_mma(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t n_heads,
+                         float scale, float *out, void *scratch, size_t scratch_bytes, void *stream);
 
 #ifdef __cplusplus
 }

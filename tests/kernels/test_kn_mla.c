@@ -1,6 +1,7 @@
 /*
- * test_kn_mla.c: kn_mla_latent_write and kn_mla_attention (kernels/kn_mla.h)
- * against the CPU backend doing what engine/model/deepseek_v3_fwd.c
+ * test_kn_mla.c: kn_mla_latent_write, kn_mla_attention (CUDA cores) and
+ * kn_mla_attention_mma (tensor cores) (kernels/kn_mla.h), each against the
+ * CPU backend doing what engine/model/deepseek_v3_fwd.c
  * mla_absorbed does on the bf16 latent cache: kv_write of the latent row into
  * a bf16 plane (bk_kv_layer k16 == v16, one KV head of kvl + r dims), then the
  * attention op on q = [q_lat | q_pe] per head over that plane used as K and V;
@@ -42,6 +43,10 @@
  *      upper halves), the largest finite values rounding to inf, subnormals,
  *      -0, inf, NaN: bits equal to bk_f32_to_bf16.
  *   6. bad metadata: seq_of out of range writes nothing and attends to NaN.
+ * Every step runs for both attention variants (each its own world); the
+ * bound and the bitwise invariance hold for each (their bits differ: q and the
+ * softmax weights go through the tensor cores as bf16 hi + lo, 2^-17 relative
+ * per product, within the same NMSE bound).
  * Argument refusals (no GPU needed) run before the GPU probe.
  */
 #include <cuda_runtime.h>
@@ -96,6 +101,8 @@ typedef struct shape {
 
 typedef struct world {
     shape sh;
+    int mma;        /* 1: kn_mla_attention_mma, 0: kn_mla_attention */
+    char name[96];  /* shape and variant, for the messages */
     int32_t D; /* kvl + rope */
     int32_t ctx[N_SEQS], fill[N_SEQS];
     int32_t n_blocks, bt_stride, max_len;
@@ -126,9 +133,11 @@ static void gen_lat(const world *w, int32_t seq, int32_t pos, float *lat) {
     for (int32_t i = 0; i < w->D; i++) lat[i] = hval(2, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
 }
 
-static void world_create(world *w, shape sh, int small) {
+static void world_create(world *w, shape sh, int mma, int small) {
     memset(w, 0, sizeof *w);
     w->sh = sh;
+    w->mma = mma;
+    snprintf(w->name, sizeof w->name, "%s [%s]", sh.name, mma ? "mma" : "cuda cores");
     w->D = sh.kvl + sh.rope;
     const int32_t big[N_SEQS] = {5, 300, 1000, 2100, 3000}, lil[N_SEQS] = {5, 70, 130, 200, 300};
     int32_t total = 0, maxnb = 0;
@@ -208,6 +217,11 @@ static kn_mla_cache gpu_cache(const world *w) {
     return (kn_mla_cache){w->dlat, w->sh.block_size, w->sh.kvl, w->sh.rope, w->n_blocks};
 }
 
+static int attend_gpu(world *w, const kn_mla_cache *gc, const kn_attn_batch *b) {
+    return (w->mma ? kn_mla_attention_mma : kn_mla_attention)(gc, b, w->d_q, w->sh.n_heads, SCALE, w->d_out,
+                                                              w->d_scratch, w->scratch_bytes, NULL);
+}
+
 /* Uploads the step (seq_of, pos, latent rows, q, mask) and runs the latent
  * write (+ attention when attend) on both sides; q / lat already in w->q / lat. */
 static void run_step(world *w, int32_t T, const int32_t *seq_of, const int32_t *pos, const uint8_t *mask,
@@ -231,7 +245,7 @@ static void run_step(world *w, int32_t T, const int32_t *seq_of, const int32_t *
     if (attend) {
         CK(cudaMemcpy(w->d_q, w->q, (size_t)T * q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
         CK(cudaMemset(w->d_out, 0xff, (size_t)T * o_row(w) * sizeof(float))); /* NaN: unwritten cannot pass */
-        CK(kn_mla_attention(&gc, &b, w->d_q, w->sh.n_heads, SCALE, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
+        CK(attend_gpu(w, &gc, &b));
         CK(cudaMemcpy(w->out_gpu, w->d_out, (size_t)T * o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
     }
     CK(cudaDeviceSynchronize());
@@ -244,7 +258,7 @@ static size_t check_pool(world *w, const char *what) {
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < pe; i++)
         if (w->pool_copy[i] != w->hlat[i] && bad++ == 0) first = i;
-    EXPECT(bad == 0, "%s %s: %zu bf16 cache values differ from the CPU's (first at %zu: %04x vs %04x)", w->sh.name,
+    EXPECT(bad == 0, "%s %s: %zu bf16 cache values differ from the CPU's (first at %zu: %04x vs %04x)", w->name,
            what, bad, first, w->pool_copy[first], w->hlat[first]);
     return bad;
 }
@@ -263,8 +277,8 @@ static double check_out(world *w, int32_t T, const char *what) {
                 den += r * r;
             }
     const double e = den > 0 ? num / den : num;
-    EXPECT(finite, "%s %s: non-finite GPU output", w->sh.name, what);
-    EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->sh.name, what, e, NMSE_BOUND);
+    EXPECT(finite, "%s %s: non-finite GPU output", w->name, what);
+    EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->name, what, e, NMSE_BOUND);
     return e;
 }
 
@@ -290,7 +304,7 @@ static void test_fill(world *w) {
     }
     run_step(w, T, seq_of, pos, NULL, 0, w->max_len);
     const size_t bad = check_pool(w, "fill");
-    printf("%s: fill of %d latent rows (%zu exact bf16 ties): %zu values differ from bk_f32_to_bf16\n", w->sh.name, T,
+    printf("%s: fill of %d latent rows (%zu exact bf16 ties): %zu values differ from bk_f32_to_bf16\n", w->name, T,
            ties, bad);
     free(seq_of), free(pos);
 }
@@ -347,15 +361,15 @@ static void test_batches(world *w) {
             if (memcmp(w->out_gpu, batch_out + (size_t)t * orow, orow * sizeof(float)) != 0) {
                 n_inv_bad++;
                 if (n_inv_bad <= 5)
-                    printf("FAIL %s T=%d token %d (seq %d pos %d): alone != inside the batch\n", w->sh.name, T, t,
+                    printf("FAIL %s T=%d token %d (seq %d pos %d): alone != inside the batch\n", w->name, T, t,
                            seq_of[t], pos[t]);
             }
         }
     }
-    EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->sh.name, n_inv_bad, n_inv);
+    EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->name, n_inv_bad, n_inv);
     printf("%s: T in {1, 2, 4, 5, 8, 33, 128} mixed batches: worst NMSE %.3g (bound %.0e); %d of %d tokens "
            "bitwise identical alone\n",
-           w->sh.name, worst, NMSE_BOUND, n_inv - n_inv_bad, n_inv);
+           w->name, worst, NMSE_BOUND, n_inv - n_inv_bad, n_inv);
     free(batch_out);
 }
 
@@ -386,7 +400,7 @@ static void test_tree(world *w) {
     run_step(w, T, seq_of, pos, mask, 1, w->max_len);
     check_pool(w, "tree");
     double e = check_out(w, T, "tree");
-    printf("%s: tree mask step (siblings at one position): NMSE %.3g\n", w->sh.name, e);
+    printf("%s: tree mask step (siblings at one position): NMSE %.3g\n", w->name, e);
 }
 
 /* Special f32 values through the latent write: bits == bk_f32_to_bf16. Writes
@@ -412,10 +426,10 @@ static void test_specials(world *w) {
     for (int32_t i = 0; i < w->D; i++) {
         const uint16_t want = bk_f32_to_bf16(w->lat[i]);
         if (w->pool_copy[i] != want && bad++ < 3)
-            printf("FAIL %s: f32 %08x -> bf16 %04x, bk_f32_to_bf16 %04x\n", w->sh.name, sp[i % n_sp],
+            printf("FAIL %s: f32 %08x -> bf16 %04x, bk_f32_to_bf16 %04x\n", w->name, sp[i % n_sp],
                    w->pool_copy[i], want);
     }
-    EXPECT(bad == 0, "%s: %d special values rounded differently", w->sh.name, bad);
+    EXPECT(bad == 0, "%s: %d special values rounded differently", w->name, bad);
 }
 
 /* A token whose sequence index is out of range: nothing written, NaN out. */
@@ -433,14 +447,14 @@ static void test_bad_seq(world *w) {
     CK(cudaMemcpy(w->d_q, w->q, q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
     kn_attn_batch b = {1, w->d_pos, w->d_seq, w->d_bt, w->bt_stride, N_SEQS, NULL, w->max_len};
     CK(kn_mla_latent_write(&gc, &b, w->d_lat, NULL));
-    CK(kn_mla_attention(&gc, &b, w->d_q, w->sh.n_heads, SCALE, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
+    CK(attend_gpu(w, &gc, &b));
     CK(cudaMemcpy(w->out_gpu, w->d_out, o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(w->pool_copy, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     EXPECT(memcmp(before, w->pool_copy, pe * sizeof(uint16_t)) == 0, "%s: bad seq_of wrote into the pool",
-           w->sh.name);
+           w->name);
     int all_nan = 1;
     for (size_t i = 0; i < o_row(w); i++) all_nan &= isnan(w->out_gpu[i]) != 0;
-    EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->sh.name);
+    EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->name);
     free(before);
 }
 
@@ -479,6 +493,10 @@ static void test_refusals(void) {
     kn_attn_batch empty = b;
     empty.n_tokens = 0;
     EXPECT(kn_mla_attention(&c, &empty, fake, 8, 1.0f, fake, fake, 0, NULL) == 0, "T = 0 refused");
+    EXPECT(kn_mla_attention_mma(&c, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval,
+           "mma: small scratch accepted");
+    EXPECT(kn_mla_attention_mma(&wide, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval,
+           "mma: D 578 accepted");
 }
 
 int main(void) {
@@ -493,9 +511,9 @@ int main(void) {
         {"kimi mini 4 x (32 + 16)", 4, 32, 16, 16},
         {"3 x (128 + 32), blocks of 24", 3, 128, 32, 24},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
         world w;
-        world_create(&w, shapes[i], small);
+        world_create(&w, shapes[i / 2], (int)(i % 2), small);
         test_fill(&w);
         test_batches(&w);
         test_bad_seq(&w);

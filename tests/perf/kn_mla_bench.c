@@ -1,5 +1,6 @@
 /*
- * kn_mla_bench.c: kn_mla_attention (kernels/kn_mla.h) at Kimi-K2.5's TP-8
+ * kn_mla_bench.c: kn_mla_attention (CUDA cores) and kn_mla_attention_mma
+ * (tensor cores) (kernels/kn_mla.h) at Kimi-K2.5's TP-8
  * rank shape: 8 query heads over the bf16 latent cache of kv_lora_rank 512 +
  * rope 64 (1,152 bytes per token per layer), blocks of 64 slots. A benchmark
  * (tools/gpu_check.sh runs it), not a test: it asserts nothing.
@@ -8,7 +9,7 @@
  *
  * Cases: decode (1 token per sequence) and verify (4 tokens per sequence: 3
  * drafts + 1, causal) at batch 1, 4, 16, 32 and context 1K, 4K, 32K (the
- * tokens of the step sit at positions ctx .. ctx + q - 1). Per case: the time
+ * tokens of the step sit at positions ctx .. ctx + q - 1), each variant. Per case: the time
  * of one kn_mla_attention call (both kernels: partial + merge), mean over N
  * calls after a warm-up, each call timed by CUDA events with a 256 MiB memset
  * in between (outside the timing) so the latent comes from HBM, not from the
@@ -124,39 +125,43 @@ int main(int argc, char **argv) {
         fprintf(jf, "{\"bench\": \"kn_mla\", \"device\": \"%s\", \"sms\": %d, \"copy_gbps\": %.1f, \"iters\": %d, "
                     "\"heads\": %d, \"kv_lora_rank\": %d, \"rope\": %d, \"block_size\": %d, \"split\": %d}\n",
                 prop.name, prop.multiProcessorCount, copy_gbps, iters, HEADS, KVL, ROPE, BS, KN_MLA_SPLIT);
-    printf("%-7s %5s %6s %10s %12s %8s %6s\n", "form", "batch", "ctx", "us", "latent MB", "GB/s", "frac");
-    for (int qi = 0; qi < N_ARR(QLENS); qi++)
-        for (int ci = 0; ci < N_ARR(CTXS); ci++)
-            for (int bi = 0; bi < N_ARR(BATCHES); bi++) {
-                const int q = QLENS[qi], ctx = CTXS[ci], B = BATCHES[bi], T = B * q;
-                for (int s = 0; s < B; s++)
-                    for (int j = 0; j < q; j++) seq[s * q + j] = s, pos[s * q + j] = ctx + j;
-                CK(cudaMemcpyAsync(d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-                CK(cudaMemcpyAsync(d_seq, seq, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-                const kn_attn_batch b = {T, d_pos, d_seq, d_bt, nb_seq, bmax, NULL, ctx + q};
-                double acc = 0;
-                for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
-                    CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
-                    CK(cudaEventRecord(e0, st));
-                    CK(kn_mla_attention(&cache, &b, d_q, HEADS, SCALE, d_out, scratch, scratch_bytes, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    float m = 0;
-                    CK(cudaEventElapsedTime(&m, e0, e1));
-                    if (it >= 0) acc += m;
+    printf("%-11s %-7s %5s %6s %10s %12s %8s %6s\n", "variant", "form", "batch", "ctx", "us", "latent MB", "GB/s",
+           "frac");
+    for (int mma = 0; mma < 2; mma++) {
+        for (int qi = 0; qi < N_ARR(QLENS); qi++)
+            for (int ci = 0; ci < N_ARR(CTXS); ci++)
+                for (int bi = 0; bi < N_ARR(BATCHES); bi++) {
+                    const int q = QLENS[qi], ctx = CTXS[ci], B = BATCHES[bi], T = B * q;
+                    for (int s = 0; s < B; s++)
+                        for (int j = 0; j < q; j++) seq[s * q + j] = s, pos[s * q + j] = ctx + j;
+                    CK(cudaMemcpyAsync(d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+                    CK(cudaMemcpyAsync(d_seq, seq, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+                    const kn_attn_batch b = {T, d_pos, d_seq, d_bt, nb_seq, bmax, NULL, ctx + q};
+                    double acc = 0;
+                    for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
+                        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
+                        CK(cudaEventRecord(e0, st));
+                        CK((mma ? kn_mla_attention_mma : kn_mla_attention)(&cache, &b, d_q, HEADS, SCALE, d_out,
+                                                                            scratch, scratch_bytes, st));
+                        CK(cudaEventRecord(e1, st));
+                        CK(cudaEventSynchronize(e1));
+                        float m = 0;
+                        CK(cudaEventElapsedTime(&m, e0, e1));
+                        if (it >= 0) acc += m;
+                    }
+                    const double us = acc / iters * 1e3;
+                    const double bytes = (double)B * (ctx + q) * ROW_BYTES;
+                    const double gbps = bytes / (us * 1e-6) / 1e9;
+                    const char *form = q == 1 ? "decode" : "verify", *variant = mma ? "mma" : "cuda_cores";
+                    printf("%-11s %-7s %5d %6d %10.1f %12.2f %8.0f %6.3f\n", variant, form, B, ctx, us,
+                           bytes / 1e6, gbps, gbps / copy_gbps);
+                    if (jf)
+                        fprintf(jf, "{\"bench\": \"kn_mla\", \"variant\": \"%s\", \"form\": \"%s\", \"q_len\": %d, "
+                                    "\"batch\": %d, \"ctx\": %d, \"kernels\": 2, \"us\": %.2f, \"latent_bytes\": %.0f, "
+                                    "\"gbps\": %.1f, \"frac_copy\": %.3f}\n",
+                                variant, form, q, B, ctx, us, bytes, gbps, gbps / copy_gbps);
                 }
-                const double us = acc / iters * 1e3;
-                const double bytes = (double)B * (ctx + q) * ROW_BYTES;
-                const double gbps = bytes / (us * 1e-6) / 1e9;
-                const char *form = q == 1 ? "decode" : "verify";
-                printf("%-7s %5d %6d %10.1f %12.2f %8.0f %6.3f\n", form, B, ctx, us, bytes / 1e6, gbps,
-                       gbps / copy_gbps);
-                if (jf)
-                    fprintf(jf, "{\"bench\": \"kn_mla\", \"form\": \"%s\", \"q_len\": %d, \"batch\": %d, \"ctx\": %d, "
-                                "\"kernels\": 2, \"us\": %.2f, \"latent_bytes\": %.0f, \"gbps\": %.1f, "
-                                "\"frac_copy\": %.3f}\n",
-                            form, q, B, ctx, us, bytes, gbps, gbps / copy_gbps);
-            }
+    }
     if (jf) fclose(jf);
     CK(cudaFree(lat));
     CK(cudaFree(d_bt));
