@@ -119,6 +119,7 @@ else
 fi
 [ -x "$(dirname "$BENCH")/kn_moe_bench" ] && run_step kn_moe_bench 120 "$(dirname "$BENCH")/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
 [ -x "$BUILD/tests/comm/comm_gpu_bench" ] && run_step comm_gpu_bench 120 "$BUILD/tests/comm/comm_gpu_bench" --json "$OUT/comm_gpu_bench.jsonl" --iters 100 --nccl-iters 20
+run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"

@@ -72,9 +72,11 @@ typedef struct model_load_opts {
     int32_t n_blocks;        /* if > 0, overrides kv_bytes */
     const model_comm *tp;    /* tensor-parallel group (must outlive the model), or NULL = TP 1 */
     bool latent_bf16;        /* DeepSeek-V3: the MLA latent cache in bf16, the model's own dtype ((kv_lora_rank +
-                                qk_rope) x 2 bytes per token per layer: 70,272 B for Kimi-K2.5) instead of f32. Off by
-                                default: on the seed-0 miniature it moves logits by ~1e-3 of max|logit| and flips a
-                                0.019-margin greedy token against the f32 transformers reference (docs/kimi-k2.5.md) */
+                                qk_rope) x 2 bytes per token per layer: 70,272 B for Kimi-K2.5) instead of f32; the form the
+                                GPU kernel reads (kernels/kn_mla.h). Off by default on the CPU: on the random seed-0
+                                miniature the rounding alone moves logits by up to 0.11 of max|logit| against the f32
+                                transformers reference; kimi_c_logits_bf16 checks it against a reference with the
+                                same rounding (docs/kimi-k2.5.md "The bf16 latent cache") */
 } model_load_opts;
 
 /* This rank's share of the model (tensor parallelism; the whole model at TP 1). */

@@ -37,7 +37,11 @@ static inline const char *kc_mini_dir(const char *layout) {
 }
 
 static inline model *kc_load(backend *be, const char *dir, int n_seqs) {
-    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB * n_seqs};
+    /* KIMI_C_LATENT_BF16=1: the MLA latent cache in bf16 (the *_bf16 ctest variants) */
+    const char *b16 = getenv("KIMI_C_LATENT_BF16");
+    model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB * n_seqs,
+                         .latent_bf16 = b16 && *b16 && strcmp(b16, "0") != 0};
+    if (o.latent_bf16) fprintf(stderr, "kimi_c: latent cache in bf16 (KIMI_C_LATENT_BF16)\n");
     model *m = NULL;
     specd_err err = {{0}};
     if (model_load(dir, be, &o, &m, &err) < 0) {

@@ -11,6 +11,14 @@
  *     and the final-normed state within 1e-4 relative at the stored positions;
  *   - the 32-token greedy continuations, decoded one token per step through the
  *     latent paged cache, identical (a mismatch prints the reference margin).
+ * With KIMI_C_LATENT_BF16=1 (ctest kimi_c_logits_bf16) the model keeps its latent
+ * cache in bf16 and the reference is mini_logits_bf16latent.json (the doc's
+ * forward pass with the same rounding, tools/kimi/gen_bf16_latent_fixture.py):
+ * the same bounds, and greedy identical up to the reference's first routing
+ * near-tie where the tokens part (test_greedy says why). Against the f32
+ * transformers fixture a bf16 latent cannot hold these bounds on this random
+ * miniature: the rounding alone (no specd code) moves its logits by up to 0.113
+ * of max|logit| and parts greedy after 4 to 32 tokens (docs/kimi-k2.5.md).
  */
 #include <jansson.h>
 #include <math.h>
@@ -135,37 +143,62 @@ static void test_hidden_states(void **st) {
     free(aux); free(fh); free(ids);
 }
 
+/* The bf16-latent reference (mini_logits_bf16latent.json) also stores, per greedy step, the smallest gap
+ * between the k-th and (k+1)-th routing score of the last token over the MoE layers. One bf16 rounding that
+ * falls the other way (a 1e-7 f32 difference upstream decides it) moves a latent value by 2^-8 of itself and
+ * the router's scores by ~1e-3; so a step whose gap is below ROUTE_FRAGILE (2^-9 = 1.95e-3) may swap an
+ * expert, and the two sequences go separate ways from there. There a mismatch ends the comparison of that
+ * prompt (reported); anywhere else it fails. The f32 fixture has no gaps: every mismatch fails. */
+#define ROUTE_FRAGILE 0x1p-9
+
 static void test_greedy(void **st) {
     (void)st;
     const json_t *prompts = json_object_get(g_fx, "prompts");
     float *lg = malloc(sizeof(float) * 128 * (size_t)V);
+    int compared = 0, total = 0;
     for (size_t pi = 0; pi < json_array_size(prompts); pi++) {
         const json_t *pr = json_array_get(prompts, pi);
         const json_t *gr = json_object_get(pr, "greedy"), *mg = json_object_get(pr, "greedy_margins");
+        const json_t *gaps = json_object_get(pr, "greedy_route_gaps");
         int n;
         int32_t *ids = kc_ids(json_object_get(pr, "ids"), &n);
         assert_int_equal(kc_run(g_m, 0, ids, n, 0, lg, NULL, 0, NULL, NULL), 0);
         int32_t next = kc_argmax(lg + (size_t)(n - 1) * V, V);
         const int steps = (int)json_array_size(gr);
-        for (int s = 0; s < steps; s++) {
+        int s = 0;
+        total += steps;
+        for (; s < steps; s++) {
             const int32_t want = (int32_t)json_integer_value(json_array_get(gr, (size_t)s));
-            if (next != want)
-                fprintf(stderr, "prompt %zu greedy step %d: %d != %d (reference margin %.4g)\n", pi, s, next, want,
-                        json_number_value(json_array_get(mg, (size_t)s)));
+            if (next != want) {
+                const double gap = gaps ? json_number_value(json_array_get(gaps, (size_t)s)) : 1.0;
+                fprintf(stderr, "prompt %zu greedy step %d: %d != %d (reference margin %.4g, routing gap %.3g)\n", pi,
+                        s, next, want, json_number_value(json_array_get(mg, (size_t)s)), gap);
+                if (gap < ROUTE_FRAGILE) {
+                    printf("kimi_c_logits: prompt %zu: greedy identical for %d of %d tokens, then a routing near-tie "
+                           "(gap %.3g < %.3g) of the reference\n", pi, s, steps, gap, ROUTE_FRAGILE);
+                    break;
+                }
+            }
             assert_int_equal(next, want);
             /* decode: one token per step through the paged latent cache */
             assert_int_equal(kc_run(g_m, 0, &next, 1, n + s, lg, NULL, 0, NULL, NULL), 0);
             next = kc_argmax(lg, V);
         }
-        printf("kimi_c_logits: prompt %zu: %d greedy tokens identical to transformers\n", pi, steps);
+        compared += s;
+        if (s == steps) printf("kimi_c_logits: prompt %zu: %d greedy tokens identical to the reference\n", pi, steps);
         free(ids);
     }
+    printf("kimi_c_logits: %d of %d greedy tokens compared, all identical\n", compared, total);
     free(lg);
 }
 
 int main(void) {
     const char *dir = kc_mini_dir("k25");
-    g_fx = kc_fixture("mini_logits.json");
+    /* KIMI_C_LATENT_BF16=1 (ctest kimi_c_logits_bf16): the latent cache in bf16 (kc_load), against the reference
+     * with the same rounding (tools/kimi/gen_bf16_latent_fixture.py), at the same bounds */
+    const char *b16 = getenv("KIMI_C_LATENT_BF16");
+    const bool bf16 = b16 && *b16 && strcmp(b16, "0") != 0;
+    g_fx = kc_fixture(bf16 ? "mini_logits_bf16latent.json" : "mini_logits.json");
     g_be = bk_cpu_create(0);
     g_m = kc_load(g_be, dir, 1);
     V = model_get_config(g_m)->vocab;

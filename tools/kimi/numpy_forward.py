@@ -14,6 +14,10 @@ Invariants
       the others rms_norm_eps; softmax scale (n + r)^-0.5 * mscale^2; sigmoid routing with the bias
       for selection only; experts dequantized as bf16(q * scale).
     * numpy + make_mini.py only (runs in CI's venv).
+    * latent_bf16=True: the latent cache (c_kv after its norm, k_pe after RoPE) is rounded to
+      bf16, round to nearest even, before attention reads it, as specd's bf16 latent cache does
+      (model_load_opts.latent_bf16); q and everything else stay f32. Used by
+      gen_bf16_latent_fixture.py for the reference of that variant.
 Threading: none.
 """
 from __future__ import annotations
@@ -71,6 +75,13 @@ def yarn_inv_freq(c: dict) -> tuple[np.ndarray, float, float]:
     return inv, att, scale
 
 
+def bf16_round(x):
+    """float32 -> nearest bf16 (ties to even), returned as float32 (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=F).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(F).reshape(np.shape(x))
+
+
 def rmsnorm(x, w, eps):
     x = x.astype(F)
     return (w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F(eps)))).astype(F)
@@ -98,8 +109,9 @@ def mlp(h, W, p):
 
 
 class Mini:
-    def __init__(self, seed: int = 0, cfg: dict | None = None):
+    def __init__(self, seed: int = 0, cfg: dict | None = None, latent_bf16: bool = False):
         self.c = dict(cfg or mm.MINI)
+        self.latent_bf16 = latent_bf16
         self.W = load_weights(seed)
         self.inv, self.att, self.scale = yarn_inv_freq(self.c)
         self.routes = {}
@@ -116,6 +128,8 @@ class Mini:
         kv = h @ W[p + "kv_a_proj_with_mqa.weight"].T
         ckv = rmsnorm(kv[:, :kvr], W[p + "kv_a_layernorm.weight"], 1e-6)   # the latent cache: ckv, k_pe
         k_pe = rope_pairs(kv[:, kvr:], pos, self.inv, self.att)
+        if self.latent_bf16:
+            ckv, k_pe = bf16_round(ckv), bf16_round(k_pe)
         kvb = (ckv @ W[p + "kv_b_proj.weight"].T).reshape(T, H, n + v)
         k_nope, val = kvb[..., :n], kvb[..., n:]
         s = (np.einsum("thd,shd->hts", q_nope, k_nope) + np.einsum("thd,sd->hts", q_pe, k_pe)) * F(self.scale)
