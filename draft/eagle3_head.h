@@ -7,9 +7,13 @@
  *
  * Owns: converted weight copies (f32 norms, biases, an lm_head gathered from
  * the target's rows), the safetensors mapping the bf16/f16/f32 matrices are
- * used from in place, the vocabulary map, the draft KV storage, a grow-only
- * workspace. Borrows: the target's embedding / LM head weights and backend
- * (the target model must outlive the head).
+ * used from in place, the vocabulary map, and in its backend's memory the
+ * draft KV storage, the workspace (sized at load for max_rows rows), the
+ * d2t map of the logits rows and, on a device backend, placed copies of
+ * every matrix and vector (eagle3_weights.c head_place). Borrows: the
+ * target's embedding / LM head weights (host views, and on the target's
+ * device backend its placed embedding and, when used whole, LM head) and
+ * backend (the target model must outlive the head).
  * Shapes: H = draft hidden, Ht = target hidden, A = n_aux (3), nh/nkv heads
  * of head_dim hd, I = ffn, Vd = draft vocab, Vt = target vocab.
  * Threading: engine thread only.

@@ -24,6 +24,16 @@
  * A sequence that skips drafting for some steps (adaptive k = 0) only
  * accumulates pending real pairs in its window; the next propose runs them
  * all in one batched pass, so the draft KV is the same as if it had drafted.
+ * Residency: the windows (wtok, wfeat) are host memory (the engine hands
+ * over host features); everything the forward touches lives in the head's
+ * backend memory, allocated at load (e3_buf: feature rows, fc / layer
+ * outputs, tokens, gather indices, the chain's hidden rows, logits and
+ * drafted ids). A propose on a device backend uploads each chunk's
+ * features and tokens and each layer call's metadata, keeps the chain on
+ * the device (argmax + d2t by the backend op, dropped rows compacted with
+ * gather_rows) and downloads the drafted ids ONCE at the end; only a
+ * sampled draft (temperature > 0 with q wanted) brings its step's logits to
+ * the host (the draw uses the sequence's host RNG).
  * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose);
  * n_kv <= n_feat <= n_tok; the block table covers every position written.
  * A truncate to n <= n_kv drops the window (n_kv = n - 1, n_feat = n_kv):
