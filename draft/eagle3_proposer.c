@@ -440,26 +440,29 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
         if (op->argmax(bx, &lt, d2t, &dj) < 0) { rc = specd_err_set(err, "eagle3: draft argmax failed"); goto done; }
         bool any_sampled = false;
         for (int32_t r = 0; r < nr; r++) any_sampled |= samples(P, temps, map[rows[r]], out_q);
-        if (any_sampled) { /* the host draws: the logits (and the argmax ids, patched) make a round trip */
+        if (any_sampled) { /* the host draws: this step's logits make a round trip (one sync) */
             const float *lh = bk_f32(&lt);
-            int32_t *dh = bk_i32(&dj);
             if (!hv) {
                 if (!lgh && !(lgh = malloc(sizeof(float) * (size_t)G * Vd))) { rc = specd_err_set(err, "out of memory"); goto done; }
                 if (!drh && !(drh = malloc(sizeof(int32_t) * (size_t)G * k_max))) { rc = specd_err_set(err, "out of memory"); goto done; }
-                if (op->download(bx, lgh, lg, sizeof(float) * (size_t)nr * Vd) < 0 ||
-                    op->download(bx, drh, dj.data, sizeof(int32_t) * (size_t)nr) < 0) {
+                if (op->download(bx, lgh, lg, sizeof(float) * (size_t)nr * Vd) < 0) {
                     rc = specd_err_set(err, "eagle3: draft logits download failed");
                     goto done;
                 }
-                lh = lgh, dh = drh;
+                lh = lgh;
             }
             for (int32_t r = 0; r < nr; r++) {
                 const int32_t ci = map[rows[r]];
                 if (!samples(P, temps, ci, out_q)) continue;
                 float *q = out_q + ((size_t)ci * k_max + j) * P->Vt;
-                dh[r] = (int32_t)used[eagle3_pick(lh + (size_t)r * Vd, Vd, used, temps[ci], rng_uniform(S[rows[r]]->rng), q)];
+                const int32_t id = (int32_t)used[eagle3_pick(lh + (size_t)r * Vd, Vd, used, temps[ci],
+                                                             rng_uniform(S[rows[r]]->rng), q)];
+                /* over the argmax in the ids buffer (device: from drh, whose slot stays untouched until the
+                 * final download) */
+                int32_t *slot = fill_ptr(P, bk_i32(&dj) + r, drh ? drh + n_dr + r : NULL);
+                *slot = id;
+                if (fill_commit(P, bk_i32(&dj) + r, slot, sizeof(int32_t), err) < 0) { rc = -1; goto done; }
             }
-            if (fill_commit(P, dj.data, dh, sizeof(int32_t) * (size_t)nr, err) < 0) { rc = -1; goto done; }
         }
         int32_t nn = 0;
         for (int32_t r = 0; r < nr; r++) {

@@ -206,6 +206,29 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
     }
     printf("hot=%s batch %d k=%d: %d drafts identical on the device and the CPU (%d accepted)\n", hot ? "yes" : "no",
            nseq, k, n_same, n_acc);
+    { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): the device head brings
+       * each step's logits to the host for the draw; with the same seeds both heads draw the same drafts from the
+       * same q, bit for bit */
+        float temps[4] = {0.8f, 0.0f, 0.8f, 0.0f};
+        const size_t nq = (size_t)nseq * (size_t)k * (size_t)V;
+        float *qa = malloc(sizeof(float) * nq), *qb = malloc(sizeof(float) * nq);
+        int32_t da[4 * 8], db[4 * 8];
+        for (int32_t s = 0; s < nseq; s++) {
+            pa->ops->seed_seq(pa->ctx, ids[s], 1234 + (uint64_t)s);
+            pb->ops->seed_seq(pb->ctx, ids[s], 1234 + (uint64_t)s);
+        }
+        const long s0 = fake_syncs;
+        EXPECT(pb->ops->propose(pb->ctx, ids, ks, nseq, k, temps, db, qb, &err) == 0, "sampled propose: %s", err.msg);
+        const long syncs = fake_syncs - s0;
+        EXPECT(pa->ops->propose(pa->ctx, ids, ks, nseq, k, temps, da, qa, &err) == 0, "sampled propose: %s", err.msg);
+        EXPECT(!memcmp(da, db, sizeof(int32_t) * (size_t)nseq * k), "sampled drafts differ (nseq %d, k %d)", nseq, k);
+        EXPECT(!memcmp(qa, qb, sizeof(float) * nq), "draft q differs (nseq %d, k %d)", nseq, k);
+        for (int32_t i = 0; i < nseq * k; i++) /* a one-hot q for greedy rows, a distribution for sampled ones */
+            if (da[i] >= 0) EXPECT(qa[(size_t)i * V + da[i]] > 0.0f, "q of draft %d is 0 at the drawn id", i);
+        EXPECT(syncs == ks[0] + 1, "sampled propose: %ld syncs, want %d (one per chain step with a sampled row, then "
+               "the ids)", syncs, ks[0] + 1);
+        free(qa), free(qb);
+    }
 out:
     free(lg), free(aux);
     eagle3_destroy(pa), eagle3_destroy(pb);
