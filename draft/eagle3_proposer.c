@@ -419,18 +419,20 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
     const bool hv = P->be->host_visible;
     float *hA = P->hA.p, *hB = buf_need(P, &P->hB, sizeof(float) * (size_t)G * H, "chain rows", err);
     float *lg = hB ? buf_need(P, &P->lg, sizeof(float) * (size_t)G * Vd, "draft logits", err) : NULL;
-    int32_t *dr = lg ? buf_need(P, &P->dr, sizeof(int32_t) * (size_t)G * k_max, "drafted ids", err) : NULL;
+    const size_t DR = ((size_t)G + 3) * (size_t)k_max; /* each step's ids start on 16 bytes (kn_linear.h) */
+    int32_t *dr = lg ? buf_need(P, &P->dr, sizeof(int32_t) * DR, "drafted ids", err) : NULL;
     int32_t *nt = dr ? buf_need(P, &P->nt, sizeof(int32_t) * (size_t)G, "next tokens", err) : NULL;
     int32_t *idx_d = nt ? buf_need(P, &P->idx, sizeof(int32_t) * (size_t)G, "gather indices", err) : NULL;
     if (!idx_d) return -1;
     /* host: per step, the caller index of each row (to scatter the one download), and the step's metadata */
-    int32_t *who = malloc(sizeof(int32_t) * (size_t)G * k_max), *stepj = malloc(sizeof(int32_t) * (size_t)G * k_max);
+    int32_t *who = malloc(sizeof(int32_t) * DR), *stepj = malloc(sizeof(int32_t) * DR);
     int32_t *tok4 = malloc(sizeof(int32_t) * (size_t)G * 4);
     const int32_t **bt = malloc(sizeof(int32_t *) * (size_t)G);
     float *lgh = NULL;          /* host logits of a sampling step (device backends) */
     int32_t *drh = NULL;        /* host copy of dr */
     int rc = 0, n_dr = 0;
     if (!who || !stepj || !tok4 || !bt) { rc = specd_err_set(err, "out of memory"); goto done; }
+    for (size_t i = 0; i < DR; i++) who[i] = -1; /* the alignment gaps hold no draft */
     int32_t *pos = tok4, *seq_of = pos + G, *keep = seq_of + G, *idxh = keep + G;
     const bk_tensor *d2t = eagle3_head_d2t(P->head);
     /* chain: step j consumes (h of step j-1, draft j-1) at position L + j - 1 */
@@ -444,7 +446,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
             const float *lh = bk_f32(&lt);
             if (!hv) {
                 if (!lgh && !(lgh = malloc(sizeof(float) * (size_t)G * Vd))) { rc = specd_err_set(err, "out of memory"); goto done; }
-                if (!drh && !(drh = malloc(sizeof(int32_t) * (size_t)G * k_max))) { rc = specd_err_set(err, "out of memory"); goto done; }
+                if (!drh && !(drh = malloc(sizeof(int32_t) * DR))) { rc = specd_err_set(err, "out of memory"); goto done; }
                 if (op->download(bx, lgh, lg, sizeof(float) * (size_t)nr * Vd) < 0) {
                     rc = specd_err_set(err, "eagle3: draft logits download failed");
                     goto done;
@@ -479,7 +481,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
             bt[nn] = s->blocks;
             rows[nn++] = si;
         }
-        n_dr += nr;
+        n_dr += (nr + 3) & ~3;
         if (nn == 0) break;
         /* the next step's inputs: (hidden, draft id) of the rows that continue, compacted on the backend */
         bk_tensor g_in, ids;
@@ -510,7 +512,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
     /* the one download of the chain: every drafted id of every step */
     const int32_t *ids_h = dr;
     if (!hv) {
-        if (!drh && !(drh = malloc(sizeof(int32_t) * (size_t)G * k_max))) { rc = specd_err_set(err, "out of memory"); goto done; }
+        if (!drh && !(drh = malloc(sizeof(int32_t) * DR))) { rc = specd_err_set(err, "out of memory"); goto done; }
         if (op->download(bx, drh, dr, sizeof(int32_t) * (size_t)n_dr) < 0) {
             rc = specd_err_set(err, "eagle3: drafted ids download failed");
             goto done;
@@ -519,6 +521,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
     }
     for (int32_t i = 0; i < n_dr; i++) {
         const int32_t ci = who[i], j = stepj[i], id = ids_h[i];
+        if (ci < 0) continue;
         if (id < 0 || id >= P->Vt) { rc = specd_err_set(err, "eagle3: drafted id %d outside the target vocabulary", id); goto done; }
         out_tokens[(size_t)ci * k_max + j] = id;
         if (out_q && !samples(P, temps, ci, out_q)) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot */
@@ -675,7 +678,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     struct { e3_buf *b; size_t bytes; } bufs[] = {
         {&P->aux, R * (size_t)P->featw * 4}, {&P->g, R * (size_t)P->H * 4}, {&P->hout, R * (size_t)P->H * 4},
         {&P->tok, R * 4}, {&P->idx, (R > G ? R : G) * 4}, {&P->hA, G * (size_t)P->H * 4},
-        {&P->hB, G * (size_t)P->H * 4}, {&P->lg, G * (size_t)P->Vd * 4}, {&P->dr, K * G * 4}, {&P->nt, G * 4},
+        {&P->hB, G * (size_t)P->H * 4}, {&P->lg, G * (size_t)P->Vd * 4}, {&P->dr, K * (G + 3) * 4}, {&P->nt, G * 4},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (!(bufs[i].b->p = P->be->ops->buf_alloc(P->be->ctx, bufs[i].bytes))) {
