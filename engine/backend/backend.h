@@ -243,8 +243,11 @@ typedef struct bk_ops {
      * start-up (weights, KV pool, workspace), never per step. */
     void *(*buf_alloc)(void *ctx, size_t bytes);
     void (*buf_free)(void *ctx, void *p); /* NULL ok */
-    /* Copies between host and backend memory (bytes). upload may be queued
-     * (the host buffer must stay valid until the next sync); download waits. */
+    /* Copies between host and backend memory (bytes). upload may be queued;
+     * from ordinary (pageable) host memory the source may be reused as soon
+     * as it returns (the CUDA backend: cudart stages pageable memory before
+     * cudaMemcpyAsync returns; the draft's staging relies on it). download
+     * waits. */
     int (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
     int (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
     /* Makes *dst a backend-resident copy of the host weight *src (same type
