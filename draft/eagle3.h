@@ -73,14 +73,22 @@ typedef struct eagle3_opts {
      * AUTO (0, default) by where the key is, INPUT, or OUTPUT. */
     eagle3_aux_convention aux_ids_convention;
     int32_t n_blocks;      /* draft KV blocks (block size = the target's); <= 0: target's n_blocks + 256 */
-    int32_t max_rows;      /* rows per draft forward call (long prefills are chunked); <= 0: 512 */
+    int32_t max_rows;      /* rows per draft forward call (long prefills are chunked); <= 0: 512. On a
+                            * device backend at most the backend's tokens per step */
+    int32_t max_seqs;      /* sequences of one chained draft pass (the chain buffers' rows; a propose of
+                            * more runs them in groups on a device backend, grows them on a host-visible
+                            * one); <= 0: 64. On a device backend at most the backend's sequences per step */
+    int32_t max_k;         /* drafts per sequence the chain buffers hold (<= 0: 16; a device backend refuses
+                            * a propose with a larger k_max, a host-visible one grows) */
     bool argmax_drafts;    /* true: argmax drafts with one-hot q even at temperature > 0 */
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
     uint64_t seed;         /* draft sampling RNG seed of sequences the engine does not seed (proposer seed_seq) */
-    backend *be;           /* backend the head computes on (host-visible; not owned); NULL = the target's.
-                            * A device target passes a CPU backend here: the target's embedding and LM head
-                            * are read from their host views and the aux features arrive downloaded. */
+    backend *be;           /* backend the head computes on (not owned); NULL = the target's. On the
+                            * target's device backend the head shares the target's placed embedding (and
+                            * LM head when it uses it whole) and keeps weights, KV and buffers in device
+                            * memory (docs/draft.md "On the GPU"). Another backend (a CPU one next to a
+                            * device target: the fallback) reads the target's host views. */
 } eagle3_opts;
 
 /* Loads the head in DIR for TARGET (shapes checked against it, d2t/t2d

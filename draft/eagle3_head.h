@@ -7,9 +7,13 @@
  *
  * Owns: converted weight copies (f32 norms, biases, an lm_head gathered from
  * the target's rows), the safetensors mapping the bf16/f16/f32 matrices are
- * used from in place, the vocabulary map, the draft KV storage, a grow-only
- * workspace. Borrows: the target's embedding / LM head weights and backend
- * (the target model must outlive the head).
+ * used from in place, the vocabulary map, and in its backend's memory the
+ * draft KV storage, the workspace (sized at load for max_rows rows), the
+ * d2t map of the logits rows and, on a device backend, placed copies of
+ * every matrix and vector (eagle3_weights.c head_place). Borrows: the
+ * target's embedding / LM head weights (host views, and on the target's
+ * device backend its placed embedding and, when used whole, LM head) and
+ * backend (the target model must outlive the head).
  * Shapes: H = draft hidden, Ht = target hidden, A = n_aux (3), nh/nkv heads
  * of head_dim hd, I = ffn, Vd = draft vocab, Vt = target vocab.
  * Threading: engine thread only.
@@ -27,12 +31,17 @@
 
 /* What the head borrows from its target. */
 typedef struct eagle3_target {
-    backend *be;
-    const bk_weight *embed;    /* [Vt, Ht] */
-    const bk_weight *lm_head;  /* [Vt, Ht] (tied: == embed) */
+    backend *be;               /* the backend the head computes on */
+    const bk_weight *embed;    /* [Vt, Ht] host view */
+    const bk_weight *lm_head;  /* [Vt, Ht] host view (tied: == embed) */
     int32_t hidden;            /* Ht */
     int32_t vocab;             /* Vt */
     int32_t n_layers;
+    /* The target's own copies in be's memory when be is the target's backend
+     * and not host-visible (model_embed_placed / model_lm_head_placed): the
+     * head then shares them instead of placing its own. NULL otherwise. */
+    const bk_weight *embed_placed;   /* [Vt, Ht] */
+    const bk_weight *lm_head_placed; /* [Vt, Ht] */
 } eagle3_target;
 
 typedef struct eagle3_head_opts {
@@ -47,6 +56,8 @@ typedef struct eagle3_head_opts {
                                   scores only its ids whose target id is in that set (FR-Spec, Zhao et
                                   al. 2025; SGLang's speculative_token_map): the lm_head is cut to those
                                   rows at load. Drafts are still verified: lossless either way. */
+    int32_t max_rows;          /* rows of one forward call the workspace is allocated for at load (<= 0:
+                                  512); a device backend refuses larger calls, a host-visible one grows */
 } eagle3_head_opts;
 
 typedef struct eagle3_head eagle3_head;
@@ -67,6 +78,12 @@ int32_t eagle3_head_n_scored(const eagle3_head *h);
 /* Target layers (input convention) the head needs, written to out (<= 8). */
 int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out);
 int32_t eagle3_head_n_aux(const eagle3_head *h);
+
+/* The backend the head computes on, and the draft -> target map of the
+ * logits rows as the argmax op takes it: I32 [n_scored, 1] in that
+ * backend's memory, d2t[i] = used[i] - i. */
+backend *eagle3_head_backend(const eagle3_head *h);
+const bk_tensor *eagle3_head_d2t(const eagle3_head *h);
 
 /* ---- draft KV pool: f32 [n_blocks, block_size, nkv, hd] for K and V, a free
  * list of block ids. Block tables are the caller's (the proposer's). */
@@ -99,6 +116,20 @@ int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *h_
 
 /* Step 7: logits[n, Vs] = lm_head(norm(hid[n, H])), Vs = eagle3_head_n_scored(h). */
 int eagle3_logits(eagle3_head *h, const float *hid, int32_t n, float *logits, specd_err *err);
+
+/* The same three on tensors in the head's backend memory (device memory on a
+ * device backend; the functions above wrap host buffers and need a
+ * host-visible backend). aux F32 [n, A*Ht] -> g F32 [n, H]; layer: ids I32
+ * [n, 1] the rows' target token ids in backend memory (r->tokens may then
+ * be NULL: they are checked on the device; NULL ids = r->tokens wrapped, on
+ * a host-visible backend only), g F32 [n, H] -> out F32 [n, H] (out must
+ * not alias g); hid F32 [n, H] -> logits F32 [n, Vs]. Nothing is
+ * allocated and nothing is copied to or from the host except each layer
+ * call's metadata upload (positions, block tables: ops->meta_upload). */
+int eagle3_fc_t(eagle3_head *h, const bk_tensor *aux, bk_tensor *g, specd_err *err);
+int eagle3_layer_t(eagle3_head *h, const eagle3_rows *r, const bk_tensor *ids, const bk_tensor *g, bk_tensor *out,
+                   specd_err *err);
+int eagle3_logits_t(eagle3_head *h, const bk_tensor *hid, bk_tensor *logits, specd_err *err);
 
 /* ---- draft token choice (used by the proposer; exposed for its tests) */
 

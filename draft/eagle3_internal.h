@@ -27,14 +27,26 @@ struct eagle3_head {
     eagle3_vocab_info vocab;
     int32_t n_aux;
     int32_t aux_layers[EAGLE3_MAX_AUX];
-    /* draft KV pool: K and V each f32 [n_blocks, block_size, nkv, hd] */
+    /* draft KV pool: K and V each f32 [n_blocks, block_size, nkv, hd], backend memory */
     float *kv_k, *kv_v;
     int32_t block_size, n_blocks;
     int32_t *free_ids;                /* stack of free block ids */
     int32_t n_free;
-    /* grow-only workspace */
+    /* workspace in backend memory, allocated at load for max_rows rows (grows on host-visible backends only) */
     float *ws;
-    size_t ws_cap;
+    size_t ws_cap;                    /* floats */
+    int32_t max_rows;
+    /* Residency. On a device backend (dev) every matrix above points into backend memory (placed at load,
+     * or the target's placed embedding / LM head shared) and the vectors have the placed copies below; on a
+     * host-visible backend the host vectors are wrapped per call (eagle3_tp.c re-points the biases when it
+     * slices the head, after load). */
+    bool dev;
+    bk_tensor t_bq, t_bk, t_bv, t_bo;                /* F32 [1, n] copies of bq..bo (data NULL when absent) */
+    bk_tensor t_input, t_hidden, t_post, t_final;    /* F32 [1, H] */
+    bk_tensor t_inv_freq;                            /* F32 [1, hd/2] */
+    bk_tensor d2t;                    /* I32 [n_scored, 1], backend memory: used[i] - i (the argmax op's map) */
+    void **placed;                    /* backend allocations of the head (placed weights, vectors), freed at destroy */
+    int n_placed;
     void **owned;                     /* converted copies, freed at destroy */
     int n_owned;
     /* tensor parallelism (eagle3_tp.c): NULL = the whole head here */
@@ -42,7 +54,10 @@ struct eagle3_head {
     int32_t nh_l, nkv_l, ffn_l;       /* this rank's attention heads, KV heads, MLP width */
 };
 
+/* The workspace, at least n_floats (backend memory); NULL when a device backend's load-time size is short. */
 float *eagle3_workspace(eagle3_head *h, size_t n_floats);
+/* Workspace floats eagle3_layer_t takes for a call of T rows. */
+size_t eagle3_layer_ws(const eagle3_head *h, int32_t T);
 /* A zeroed allocation freed with the head (converted / sliced copies). */
 void *head_own(eagle3_head *h, size_t bytes);
 

@@ -24,6 +24,16 @@
  * A sequence that skips drafting for some steps (adaptive k = 0) only
  * accumulates pending real pairs in its window; the next propose runs them
  * all in one batched pass, so the draft KV is the same as if it had drafted.
+ * Residency: the windows (wtok, wfeat) are host memory (the engine hands
+ * over host features); everything the forward touches lives in the head's
+ * backend memory, allocated at load (e3_buf: feature rows, fc / layer
+ * outputs, tokens, gather indices, the chain's hidden rows, logits and
+ * drafted ids). A propose on a device backend uploads each chunk's
+ * features and tokens and each layer call's metadata, keeps the chain on
+ * the device (argmax + d2t by the backend op, dropped rows compacted with
+ * gather_rows) and downloads the drafted ids ONCE at the end; only a
+ * sampled draft (temperature > 0 with q wanted) brings its step's logits to
+ * the host (the draw uses the sequence's host RNG).
  * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose);
  * n_kv <= n_feat <= n_tok; the block table covers every position written.
  * A truncate to n <= n_kv drops the window (n_kv = n - 1, n_feat = n_kv):
@@ -51,14 +61,31 @@ typedef struct e3_seq {
     uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018): this sequence's draft draws */
 } e3_seq;
 
+/* A buffer in the head's backend memory (bytes; allocated at load, grown
+ * only on host-visible backends). */
+typedef struct e3_buf {
+    void *p;
+    size_t cap;
+} e3_buf;
+
 typedef struct e3_proposer {
     spec_proposer pub;
     eagle3_head *head;
     eagle3_opts opts;
+    backend *be;               /* the head's */
     int32_t featw;             /* n_aux * Ht */
     int32_t H, Vd, Vt;
     e3_seq **seqs;
     int32_t n_seqs, cap_seqs;
+    /* backend buffers: real pairs (max_rows rows), the chain (max_seqs rows, max_k steps) */
+    e3_buf aux;                /* F32 [max_rows, featw]  the pairs' target features */
+    e3_buf g, hout;            /* F32 [max_rows, H]      fc output, layer output */
+    e3_buf tok;                /* I32 [max_rows]         the pairs' tokens x_{t+1} */
+    e3_buf idx;                /* I32 [max(max_rows, max_seqs)] gather indices */
+    e3_buf hA, hB;             /* F32 [max_seqs, H]      chain hidden states (pre-norm), ping-pong */
+    e3_buf lg;                 /* F32 [max_seqs, Vd]     draft logits of one chain step */
+    e3_buf dr;                 /* I32 [max_k * max_seqs] drafted target ids, step after step (one download) */
+    e3_buf nt;                 /* I32 [max_seqs]         the next step's token ids when rows drop out */
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -162,26 +189,80 @@ static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
 
 /* ------------------------------------------------------------ running real pairs */
 
+/* Backend memory of at least BYTES in B: what load allocated, grown on a
+ * host-visible backend; on a device backend a larger need fails with the
+ * bound named (nothing is allocated on the device per step). */
+static void *buf_need(e3_proposer *P, e3_buf *b, size_t bytes, const char *what, specd_err *err) {
+    if (bytes <= b->cap && b->p) return b->p;
+    if (!P->be->host_visible) {
+        specd_err_set(err, "eagle3: %s needs %zu bytes; the draft's %s buffers were sized at load for %zu (raise "
+                           "eagle3_opts max_rows / max_seqs / max_k)", what, bytes, P->be->name, b->cap);
+        return NULL;
+    }
+    void *p = P->be->ops->buf_alloc(P->be->ctx, bytes ? bytes : 1);
+    if (!p) {
+        specd_err_set(err, "out of memory (%zu bytes for the draft's %s)", bytes, what);
+        return NULL;
+    }
+    P->be->ops->buf_free(P->be->ctx, b->p);
+    b->p = p;
+    b->cap = bytes;
+    return p;
+}
+
+static void buf_drop(e3_proposer *P, e3_buf *b) {
+    if (P->be) P->be->ops->buf_free(P->be->ctx, b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+/* Host memory to fill for backend buffer DST: DST itself on a host-visible
+ * backend (zero copies), else the caller's staging STAGE. */
+static void *fill_ptr(const e3_proposer *P, void *dst, void *stage) { return P->be->host_visible ? dst : stage; }
+
+/* Uploads the staged bytes to DST (no-op on a host-visible backend: filled in
+ * place). The CUDA backend copies pageable memory through cudart, which
+ * stages it before cudaMemcpyAsync returns, so STAGE may be refilled after. */
+static int fill_commit(e3_proposer *P, void *dst, const void *stage, size_t bytes, specd_err *err) {
+    if (P->be->host_visible || !bytes) return 0;
+    if (P->be->ops->upload(P->be->ctx, dst, stage, bytes) < 0)
+        return specd_err_set(err, "eagle3: upload of %zu bytes to the %s backend failed", bytes, P->be->name);
+    return 0;
+}
+
 /* Runs the pending real pairs of S[0..m) (from n_kv through the last complete
- * pair), batched over sequences in chunks of max_rows. last_h (optional)
- * [m, H] gets each sequence's last-pair output; ok[i] (optional) is set to 1
- * for sequences that produced one. Sequences whose blocks cannot be covered
- * are skipped (ok 0). Afterwards n_kv = last pair (kept for recomputation). */
-static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8_t *ok, specd_err *err) {
+ * pair), batched over sequences in chunks of max_rows. Each sequence's
+ * last-pair output row is gathered into last_h (backend F32 [>= m, H],
+ * optional) in sequence order: rows [0, *n_last); ok[i] (optional) is set to
+ * 1 for the sequences that produced one. Sequences whose blocks cannot be
+ * covered are skipped (ok 0). Afterwards n_kv = last pair (kept for
+ * recomputation). Per chunk on a device backend: one upload of the chunk's
+ * features and tokens, the metadata upload, the gather indices; no download. */
+static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8_t *ok, int32_t *n_last,
+                     specd_err *err) {
     const int32_t H = P->H, fw = P->featw;
     const size_t mm = (size_t)(m > 0 ? m : 1);
-    int64_t pending = 0; /* size the buffers by the rows there are, at most max_rows */
+    int64_t pending = 0; /* host staging sized by the rows there are, at most max_rows */
     for (int32_t k = 0; k < m; k++) pending += seq_last_pair(S[k]) >= S[k]->n_kv ? seq_last_pair(S[k]) - S[k]->n_kv + 1 : 0;
     const int32_t maxr = (int32_t)(pending < P->opts.max_rows ? (pending > 0 ? pending : 1) : P->opts.max_rows);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)maxr * 3), *bt_seq = malloc(sizeof(int32_t) * mm);
+    const bool hv = P->be->host_visible;
+    int32_t *tokh = malloc(sizeof(int32_t) * (size_t)maxr * 4), *bt_seq = malloc(sizeof(int32_t) * mm);
     const int32_t **bt = malloc(sizeof(int32_t *) * mm);
     uint8_t *ran = calloc(mm, 1);
-    float *aux = malloc(sizeof(float) * (size_t)maxr * fw), *g = malloc(sizeof(float) * (size_t)maxr * H * 2);
+    float *auxh = hv ? NULL : malloc(sizeof(float) * (size_t)maxr * fw);
+    float *aux_d = buf_need(P, &P->aux, sizeof(float) * (size_t)maxr * fw, "feature rows", err);
+    float *g_d = aux_d ? buf_need(P, &P->g, sizeof(float) * (size_t)maxr * H, "fc rows", err) : NULL;
+    float *ho_d = g_d ? buf_need(P, &P->hout, sizeof(float) * (size_t)maxr * H, "layer rows", err) : NULL;
+    int32_t *tok_d = ho_d ? buf_need(P, &P->tok, sizeof(int32_t) * (size_t)maxr, "pair tokens", err) : NULL;
+    int32_t *idx_d = tok_d ? buf_need(P, &P->idx, sizeof(int32_t) * (size_t)maxr, "gather indices", err) : NULL;
     int rc = 0;
-    if (!tok || !bt || !bt_seq || !ran || !aux || !g) { rc = specd_err_set(err, "out of memory"); goto done; }
-    int32_t *pos = tok + maxr, *seq_of = pos + maxr;
-    float *hout = g + (size_t)maxr * H;
+    if (!idx_d) { rc = -1; goto done; }
+    if (!tokh || !bt || !bt_seq || !ran || (!hv && !auxh)) { rc = specd_err_set(err, "out of memory"); goto done; }
+    int32_t *pos = tokh + maxr, *seq_of = pos + maxr, *idxh = seq_of + maxr;
+    int32_t *tok = fill_ptr(P, tok_d, tokh), *idx = fill_ptr(P, idx_d, idxh);
+    float *aux = fill_ptr(P, aux_d, auxh);
     if (ok) memset(ok, 0, (size_t)m);
+    if (n_last) *n_last = 0;
     int32_t si = 0, t = 0, L = -1;
     bool active = false;
     while (si < m) {
@@ -206,25 +287,38 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
             if (t > L) { si++; active = false; }
         }
         if (n == 0) continue;
+        if (fill_commit(P, aux_d, aux, sizeof(float) * (size_t)n * fw, err) < 0 ||
+            fill_commit(P, tok_d, tok, sizeof(int32_t) * (size_t)n, err) < 0) { rc = -1; goto done; }
         eagle3_rows r = {n, tok, pos, seq_of, nseq, bt};
-        if (eagle3_fc(P->head, aux, n, g, err) < 0 || eagle3_layer(P->head, &r, g, hout, err) < 0) { rc = -1; goto done; }
-        /* a sequence's last-pair row starts its chain */
+        bk_tensor at = bk_wrap_f32(aux_d, n, fw), gt = bk_wrap_f32(g_d, n, H), ot = bk_wrap_f32(ho_d, n, H);
+        bk_tensor it = bk_wrap_i32(tok_d, n, 1);
+        if (eagle3_fc_t(P->head, &at, &gt, err) < 0 || eagle3_layer_t(P->head, &r, &it, &gt, &ot, err) < 0) { rc = -1; goto done; }
+        /* a sequence's last-pair row starts its chain: gathered into last_h in sequence order */
+        int32_t cnt = 0;
         for (int32_t i = 0; i < n; i++) {
             int32_t k = bt_seq[seq_of[i]];
             if (pos[i] != seq_last_pair(S[k])) continue;
-            if (last_h) memcpy(last_h + (size_t)k * H, hout + (size_t)i * H, sizeof(float) * (size_t)H);
+            idx[cnt++] = i;
             if (ok) ok[k] = 1;
+        }
+        if (last_h && cnt > 0) {
+            bk_tensor ix = bk_wrap_i32(idx_d, cnt, 1), dst = bk_wrap_f32(last_h + (size_t)*n_last * H, cnt, H);
+            if (fill_commit(P, idx_d, idx, sizeof(int32_t) * (size_t)cnt, err) < 0 ||
+                P->be->ops->gather_rows(P->be->ctx, &ot, &ix, &dst) < 0) {
+                rc = specd_err_set(err, "eagle3: gathering the last-pair rows failed");
+                goto done;
+            }
+            *n_last += cnt;
         }
     }
     for (int32_t k = 0; k < m; k++)
         if (ran[k]) seq_settle(P, S[k], seq_last_pair(S[k]));
 done:
-    free(tok);
+    free(tokh);
     free(bt);
     free(bt_seq);
     free(ran);
-    free(aux);
-    free(g);
+    free(auxh);
     return rc;
 }
 
@@ -275,7 +369,7 @@ static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, in
         }
     }
     /* bound the window: run long prefills now, in chunks */
-    if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, err);
+    if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, NULL, err);
     return 0;
 }
 
@@ -302,28 +396,160 @@ int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp
     return pickd < 0 ? best : pickd; /* u -> 1 with rounding: the mass is there */
 }
 
-static int32_t pick(e3_proposer *P, e3_seq *s, const float *lg, float temp, float *q) {
-    const bool greedy = temp <= 0.0f || P->opts.argmax_drafts || !q;
-    return eagle3_pick(lg, P->Vd, eagle3_head_used(P->head), greedy ? 0.0f : temp, greedy ? 0.0 : rng_uniform(s->rng), q);
+/* Whether row i's drafts are sampled (else argmax, on the backend). */
+static bool samples(const e3_proposer *P, const float *temps, int32_t ci, const float *out_q) {
+    return out_q && !P->opts.argmax_drafts && temps && temps[ci] > 0.0f;
+}
+
+/* The chain for the m sequences S (caller indices map[]) whose first rows
+ * hA[0, nr) run_pairs left (rows[r] = index in S of row r): step j turns the
+ * nr rows into logits, picks each row's draft (argmax + d2t on the backend;
+ * sampled rows on the host from the logits), and feeds (hidden, draft) of
+ * the rows that continue to the layer at the next position. The drafted ids
+ * stay in backend memory (dr) until the end: ONE download for the whole
+ * chain; on a device backend the only other transfers are host -> device
+ * (metadata, and gather indices when rows drop out), plus, per step with a
+ * sampled row, the logits download the host draw needs. */
+static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, int32_t nr, const int32_t *k,
+                 int32_t k_max, const float *temps, int32_t *out_tokens, float *out_q, specd_err *err) {
+    const int32_t H = P->H, Vd = P->Vd, G = nr;
+    const int64_t *used = eagle3_head_used(P->head);
+    const bk_ops *op = P->be->ops;
+    void *bx = P->be->ctx;
+    const bool hv = P->be->host_visible;
+    float *hA = P->hA.p, *hB = buf_need(P, &P->hB, sizeof(float) * (size_t)G * H, "chain rows", err);
+    float *lg = hB ? buf_need(P, &P->lg, sizeof(float) * (size_t)G * Vd, "draft logits", err) : NULL;
+    const size_t DR = ((size_t)G + 3) * (size_t)k_max; /* each step's ids start on 16 bytes (kn_linear.h) */
+    int32_t *dr = lg ? buf_need(P, &P->dr, sizeof(int32_t) * DR, "drafted ids", err) : NULL;
+    int32_t *nt = dr ? buf_need(P, &P->nt, sizeof(int32_t) * (size_t)G, "next tokens", err) : NULL;
+    int32_t *idx_d = nt ? buf_need(P, &P->idx, sizeof(int32_t) * (size_t)G, "gather indices", err) : NULL;
+    if (!idx_d) return -1;
+    /* host: per step, the caller index of each row (to scatter the one download), and the step's metadata */
+    int32_t *who = malloc(sizeof(int32_t) * DR), *stepj = malloc(sizeof(int32_t) * DR);
+    int32_t *tok4 = malloc(sizeof(int32_t) * (size_t)G * 4);
+    const int32_t **bt = malloc(sizeof(int32_t *) * (size_t)G);
+    float *lgh = NULL;          /* host logits of a sampling step (device backends) */
+    int32_t *drh = NULL;        /* host copy of dr */
+    int rc = 0, n_dr = 0;
+    if (!who || !stepj || !tok4 || !bt) { rc = specd_err_set(err, "out of memory"); goto done; }
+    for (size_t i = 0; i < DR; i++) who[i] = -1; /* the alignment gaps hold no draft */
+    int32_t *pos = tok4, *seq_of = pos + G, *keep = seq_of + G, *idxh = keep + G;
+    const bk_tensor *d2t = eagle3_head_d2t(P->head);
+    /* chain: step j consumes (h of step j-1, draft j-1) at position L + j - 1 */
+    for (int32_t j = 0; nr > 0; j++) {
+        bk_tensor ht = bk_wrap_f32(hA, nr, H), lt = bk_wrap_f32(lg, nr, Vd), dj = bk_wrap_i32(dr + n_dr, nr, 1);
+        if (eagle3_logits_t(P->head, &ht, &lt, err) < 0) { rc = -1; goto done; }
+        if (op->argmax(bx, &lt, d2t, &dj) < 0) { rc = specd_err_set(err, "eagle3: draft argmax failed"); goto done; }
+        bool any_sampled = false;
+        for (int32_t r = 0; r < nr; r++) any_sampled |= samples(P, temps, map[rows[r]], out_q);
+        if (any_sampled) { /* the host draws: this step's logits make a round trip (one sync) */
+            const float *lh = bk_f32(&lt);
+            if (!hv) {
+                if (!lgh && !(lgh = malloc(sizeof(float) * (size_t)G * Vd))) { rc = specd_err_set(err, "out of memory"); goto done; }
+                if (!drh && !(drh = malloc(sizeof(int32_t) * DR))) { rc = specd_err_set(err, "out of memory"); goto done; }
+                if (op->download(bx, lgh, lg, sizeof(float) * (size_t)nr * Vd) < 0) {
+                    rc = specd_err_set(err, "eagle3: draft logits download failed");
+                    goto done;
+                }
+                lh = lgh;
+            }
+            for (int32_t r = 0; r < nr; r++) {
+                const int32_t ci = map[rows[r]];
+                if (!samples(P, temps, ci, out_q)) continue;
+                float *q = out_q + ((size_t)ci * k_max + j) * P->Vt;
+                const int32_t id = (int32_t)used[eagle3_pick(lh + (size_t)r * Vd, Vd, used, temps[ci],
+                                                             rng_uniform(S[rows[r]]->rng), q)];
+                /* over the argmax in the ids buffer (device: from drh, whose slot stays untouched until the
+                 * final download) */
+                int32_t *slot = fill_ptr(P, bk_i32(&dj) + r, drh ? drh + n_dr + r : NULL);
+                *slot = id;
+                if (fill_commit(P, bk_i32(&dj) + r, slot, sizeof(int32_t), err) < 0) { rc = -1; goto done; }
+            }
+        }
+        int32_t nn = 0;
+        for (int32_t r = 0; r < nr; r++) {
+            const int32_t si = rows[r], ci = map[si];
+            who[n_dr + r] = ci;
+            stepj[n_dr + r] = j;
+            if (j + 1 >= k[ci]) continue;
+            e3_seq *s = S[si];
+            const int32_t p = seq_last_pair(s) + j + 1;
+            if (seq_cover(P, s, p) < 0) continue; /* pool exhausted: this sequence stops here */
+            keep[nn] = r;
+            pos[nn] = p;
+            seq_of[nn] = nn;
+            bt[nn] = s->blocks;
+            rows[nn++] = si;
+        }
+        n_dr += (nr + 3) & ~3;
+        if (nn == 0) break;
+        /* the next step's inputs: (hidden, draft id) of the rows that continue, compacted on the backend */
+        bk_tensor g_in, ids;
+        float *out;
+        if (nn == nr) { /* nobody dropped out: the rows as they are */
+            g_in = bk_wrap_f32(hA, nn, H);
+            ids = dj;
+            out = hB;
+        } else {
+            int32_t *ix = fill_ptr(P, idx_d, idxh);
+            memcpy(ix, keep, sizeof(int32_t) * (size_t)nn);
+            bk_tensor it = bk_wrap_i32(idx_d, nn, 1), src = bk_wrap_f32(hA, nr, H);
+            g_in = bk_wrap_f32(hB, nn, H);
+            ids = bk_wrap_i32(nt, nn, 1);
+            if (fill_commit(P, idx_d, ix, sizeof(int32_t) * (size_t)nn, err) < 0 ||
+                op->gather_rows(bx, &src, &it, &g_in) < 0 || op->gather_rows(bx, &dj, &it, &ids) < 0) {
+                rc = specd_err_set(err, "eagle3: compacting the chain rows failed");
+                goto done;
+            }
+            out = hA;
+        }
+        nr = nn;
+        eagle3_rows er = {nr, hv ? bk_i32(&ids) : NULL, pos, seq_of, nr, bt};
+        bk_tensor ot = bk_wrap_f32(out, nr, H);
+        if (eagle3_layer_t(P->head, &er, &ids, &g_in, &ot, err) < 0) { rc = -1; goto done; }
+        if (out != hA) { float *sw = hA; hA = hB; hB = sw; } /* the layer's output is the next step's hA */
+    }
+    /* the one download of the chain: every drafted id of every step */
+    const int32_t *ids_h = dr;
+    if (!hv) {
+        if (!drh && !(drh = malloc(sizeof(int32_t) * DR))) { rc = specd_err_set(err, "out of memory"); goto done; }
+        if (op->download(bx, drh, dr, sizeof(int32_t) * (size_t)n_dr) < 0) {
+            rc = specd_err_set(err, "eagle3: drafted ids download failed");
+            goto done;
+        }
+        ids_h = drh;
+    }
+    for (int32_t i = 0; i < n_dr; i++) {
+        const int32_t ci = who[i], j = stepj[i], id = ids_h[i];
+        if (ci < 0) continue;
+        if (id < 0 || id >= P->Vt) { rc = specd_err_set(err, "eagle3: drafted id %d outside the target vocabulary", id); goto done; }
+        out_tokens[(size_t)ci * k_max + j] = id;
+        if (out_q && !samples(P, temps, ci, out_q)) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot */
+    }
+done:
+    /* the ping-pong may have swapped: keep P->hA / P->hB naming the two buffers (either order is fine) */
+    if (hA != P->hA.p) { void *sw = P->hA.p; P->hA.p = P->hB.p; P->hB.p = sw; size_t c = P->hA.cap; P->hA.cap = P->hB.cap; P->hB.cap = c; }
+    free(who);
+    free(stepj);
+    free(tok4);
+    free(bt);
+    free(lgh);
+    free(drh);
+    return rc;
 }
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
                       int32_t *out_tokens, float *out_q, specd_err *err) {
     e3_proposer *P = ctx;
-    const int32_t H = P->H, Vd = P->Vd;
-    const int64_t *used = eagle3_head_used(P->head);
     for (int64_t i = 0; i < (int64_t)n * k_max; i++) out_tokens[i] = -1;
     if (out_q) memset(out_q, 0, sizeof(float) * (size_t)n * k_max * P->Vt);
     if (n <= 0 || k_max <= 0) return 0;
     e3_seq **S = calloc((size_t)n, sizeof *S);
     int32_t *map = calloc((size_t)n, sizeof *map); /* S index -> caller index */
     uint8_t *ok = calloc((size_t)n, 1);
-    float *hA = malloc(sizeof(float) * (size_t)n * H * 2), *lg = malloc(sizeof(float) * (size_t)n * Vd);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n * 4);
-    const int32_t **bt = malloc(sizeof(int32_t *) * (size_t)n);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n);
     int rc = 0, m = 0;
-    if (!S || !map || !ok || !hA || !lg || !tok || !bt) { rc = specd_err_set(err, "out of memory"); goto done; }
-    float *hB = hA + (size_t)n * H;
+    if (!S || !map || !ok || !rows) { rc = specd_err_set(err, "out of memory"); goto done; }
     for (int32_t i = 0; i < n; i++) {
         if (k[i] <= 0) continue;
         if (k[i] > k_max) { rc = specd_err_set(err, "eagle3 propose: k[%d] = %d exceeds k_max %d", i, k[i], k_max); goto done; }
@@ -336,47 +562,28 @@ static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n
         S[m] = s;
         map[m++] = i;
     }
-    /* first draft of every sequence: its pending real pairs, last row -> logits */
-    if (m == 0 || run_pairs(P, S, m, hA, ok, err) < 0) { rc = m ? -1 : 0; goto done; }
-    int32_t *pos = tok + n, *seq_of = pos + n, *rows = seq_of + n;
-    int32_t nr = 0;
-    for (int32_t j = 0; j < m; j++)
-        if (ok[j]) rows[nr++] = j;
-    for (int32_t r = 0; r < nr; r++) memmove(hA + (size_t)r * H, hA + (size_t)rows[r] * H, sizeof(float) * (size_t)H);
-    /* chain: step j consumes (h of step j-1, draft j-1) at position L + j - 1 */
-    for (int32_t j = 0; nr > 0; j++) {
-        if (eagle3_logits(P->head, hA, nr, lg, err) < 0) { rc = -1; goto done; }
-        int32_t nn = 0;
-        for (int32_t r = 0; r < nr; r++) {
-            const int32_t si = rows[r], ci = map[si];
-            const float temp = temps ? temps[ci] : 0.0f;
-            float *q = out_q ? out_q + ((size_t)ci * k_max + j) * P->Vt : NULL;
-            int32_t d = pick(P, S[si], lg + (size_t)r * Vd, temp, q);
-            out_tokens[(size_t)ci * k_max + j] = (int32_t)used[d];
-            if (j + 1 >= k[ci]) continue;
-            e3_seq *s = S[si];
-            const int32_t p = seq_last_pair(s) + j + 1;
-            if (seq_cover(P, s, p) < 0) continue; /* pool exhausted: this sequence stops here */
-            memcpy(hB + (size_t)nn * H, hA + (size_t)r * H, sizeof(float) * (size_t)H);
-            tok[nn] = (int32_t)used[d];
-            pos[nn] = p;
-            seq_of[nn] = nn;
-            bt[nn] = s->blocks;
-            rows[nn++] = si;
+    /* groups of at most max_seqs sequences on a device backend (its buffers' rows); all at once on a
+     * host-visible one (buffers grow). Rows are independent (batch-invariant ops): same drafts either way. */
+    const int32_t G = P->be->host_visible ? (m > 0 ? m : 1) : P->opts.max_seqs;
+    for (int32_t g0 = 0; g0 < m; g0 += G) {
+        const int32_t gm = m - g0 < G ? m - g0 : G;
+        /* first draft of every sequence: its pending real pairs, last row -> hA, in sequence order */
+        float *hA = buf_need(P, &P->hA, sizeof(float) * (size_t)gm * P->H, "chain rows", err);
+        int32_t nr = 0;
+        if (!hA || run_pairs(P, S + g0, gm, hA, ok, &nr, err) < 0) { rc = -1; goto done; }
+        int32_t c = 0;
+        for (int32_t j = 0; j < gm; j++)
+            if (ok[j]) rows[c++] = j;
+        if (nr > 0 && chain(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) < 0) {
+            rc = -1;
+            goto done;
         }
-        nr = nn;
-        if (nr == 0) break;
-        eagle3_rows er = {nr, tok, pos, seq_of, nr, bt};
-        if (eagle3_layer(P->head, &er, hB, hA, err) < 0) { rc = -1; goto done; }
     }
 done:
     free(S);
     free(map);
     free(ok);
-    free(hA);
-    free(lg);
-    free(tok);
-    free(bt);
+    free(rows);
     return rc;
 }
 
@@ -433,10 +640,15 @@ int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd
 
 int eagle3_head_load_for(const char *dir, model *target, const eagle3_opts *o, eagle3_head **out, specd_err *err) {
     const model_config *mc = model_get_config(target);
-    eagle3_target t = {o->be ? o->be : model_backend(target), model_embed_weight(target), model_lm_head_weight(target),
-                       mc->hidden, mc->vocab, mc->n_layers};
+    backend *be = o->be ? o->be : model_backend(target);
+    const bool shared = be == model_backend(target) && !be->host_visible; /* the target's device copies */
+    eagle3_target t = {be, model_embed_weight(target), model_lm_head_weight(target), mc->hidden, mc->vocab,
+                       mc->n_layers, shared ? model_embed_placed(target) : NULL,
+                       shared ? model_lm_head_placed(target) : NULL};
+    const int32_t rows = o->max_rows > 0 ? o->max_rows : 512, seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     eagle3_head_opts ho = {o->aux_ids_convention, model_kv_block_size(target),
-                           o->n_blocks > 0 ? o->n_blocks : model_kv_n_blocks(target) + 256, o->q8_0, o->hot_vocab};
+                           o->n_blocks > 0 ? o->n_blocks : model_kv_n_blocks(target) + 256, o->q8_0, o->hot_vocab,
+                           rows > seqs ? rows : seqs};
     return eagle3_head_load(dir, &t, &ho, out, err);
 }
 
@@ -446,11 +658,14 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     if (!P) return specd_err_set(err, "out of memory");
     if (o) P->opts = *o;
     if (P->opts.max_rows <= 0) P->opts.max_rows = 512;
+    if (P->opts.max_seqs <= 0) P->opts.max_seqs = 64;
+    if (P->opts.max_k <= 0) P->opts.max_k = 16;
     const model_config *mc = model_get_config(target);
     if (eagle3_head_load_for(dir, target, &P->opts, &P->head, err) < 0) {
         free(P);
         return -1;
     }
+    P->be = eagle3_head_backend(P->head);
     P->featw = eagle3_head_n_aux(P->head) * mc->hidden;
     P->H = eagle3_head_config(P->head)->hidden;
     P->Vd = eagle3_head_n_scored(P->head); /* rows of the draft logits: the draft vocab or its hot subset */
@@ -458,6 +673,22 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
     P->Vt = mc->vocab;
     P->pub.ops = &EAGLE3_OPS;
     P->pub.ctx = P;
+    /* the backend buffers, once (device backends never allocate per step) */
+    const size_t R = (size_t)P->opts.max_rows, G = (size_t)P->opts.max_seqs, K = (size_t)P->opts.max_k;
+    struct { e3_buf *b; size_t bytes; } bufs[] = {
+        {&P->aux, R * (size_t)P->featw * 4}, {&P->g, R * (size_t)P->H * 4}, {&P->hout, R * (size_t)P->H * 4},
+        {&P->tok, R * 4}, {&P->idx, (R > G ? R : G) * 4}, {&P->hA, G * (size_t)P->H * 4},
+        {&P->hB, G * (size_t)P->H * 4}, {&P->lg, G * (size_t)P->Vd * 4}, {&P->dr, K * (G + 3) * 4}, {&P->nt, G * 4},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (!(bufs[i].b->p = P->be->ops->buf_alloc(P->be->ctx, bufs[i].bytes))) {
+            specd_err_set(err, "cannot allocate the draft's buffers (%zu bytes of %s memory)", bufs[i].bytes,
+                          P->be->name);
+            eagle3_destroy(&P->pub);
+            return -1;
+        }
+        bufs[i].b->cap = bufs[i].bytes;
+    }
     *out = &P->pub;
     return 0;
 }
@@ -467,6 +698,9 @@ void eagle3_destroy(spec_proposer *p) {
     e3_proposer *P = p->ctx;
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
+    e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt};
+    if (P->be && !P->be->host_visible) P->be->ops->download(P->be->ctx, NULL, NULL, 0); /* queued work is done */
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_drop(P, bufs[i]);
     eagle3_head_destroy(P->head);
     free(P);
 }

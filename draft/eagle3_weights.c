@@ -42,12 +42,28 @@ void *head_own(eagle3_head *h, size_t bytes) {
 
 float *eagle3_workspace(eagle3_head *h, size_t n) {
     if (n > h->ws_cap) {
-        float *p = realloc(h->ws, n * sizeof(float));
+        backend *be = h->tgt.be;
+        if (h->dev) {
+            LOG_ERROR("eagle3: a draft call needs %zu workspace floats; the head was sized at load for %d rows (%zu)",
+                      n, h->max_rows, h->ws_cap);
+            return NULL;
+        }
+        float *p = be->ops->buf_alloc(be->ctx, n * sizeof(float));
         if (!p) return NULL;
+        be->ops->buf_free(be->ctx, h->ws);
         h->ws = p;
         h->ws_cap = n;
     }
     return h->ws;
+}
+
+/* Records a backend allocation of the head (freed at destroy). */
+static int head_placed(eagle3_head *h, const void *p) {
+    void **n = realloc(h->placed, sizeof(void *) * (size_t)(h->n_placed + 1));
+    if (!n) return -1;
+    h->placed = n;
+    h->placed[h->n_placed++] = (void *)(uintptr_t)p;
+    return 0;
 }
 
 static const st_tensor *find_layer(eagle3_head *h, const char *key, const char **prefix_used) {
@@ -348,13 +364,97 @@ static int alloc_kv(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
     if (h->block_size > 1024 || h->n_blocks > (1 << 22))
         return specd_err_set(err, "draft KV: %d blocks of %d tokens is out of range", h->n_blocks, h->block_size);
     const size_t elems = (size_t)h->n_blocks * h->block_size * h->cfg.n_kv_heads * h->cfg.head_dim;
-    h->kv_k = calloc(elems, sizeof(float));
-    h->kv_v = calloc(elems, sizeof(float));
+    backend *be = h->tgt.be; /* zeroed backend memory (calloc on the CPU) */
+    h->kv_k = be->ops->buf_alloc(be->ctx, elems * sizeof(float));
+    h->kv_v = be->ops->buf_alloc(be->ctx, elems * sizeof(float));
     h->free_ids = malloc(sizeof(int32_t) * (size_t)h->n_blocks);
     if (!h->kv_k || !h->kv_v || !h->free_ids)
-        return specd_err_set(err, "cannot allocate the draft KV cache (%zu bytes)", 2 * elems * sizeof(float));
+        return specd_err_set(err, "cannot allocate the draft KV cache (%zu bytes of %s memory)",
+                             2 * elems * sizeof(float), be->name);
     for (int32_t i = 0; i < h->n_blocks; i++) h->free_ids[i] = h->n_blocks - 1 - i; /* pop order 0, 1, 2, ... */
     h->n_free = h->n_blocks;
+    return 0;
+}
+
+/* A copy of host floats [1, n] in backend memory, recorded for destroy. */
+static int vec_place(eagle3_head *h, const float *host, int64_t n, bk_tensor *out, specd_err *err) {
+    if (!host) return 0;
+    if (bk_tensor_from_host(h->tgt.be, host, 1, n, out) < 0 || head_placed(h, out->data) < 0)
+        return specd_err_set(err, "cannot place %lld floats of the head in %s memory", (long long)n, h->tgt.be->name);
+    return 0;
+}
+
+static int mat_place(eagle3_head *h, bk_weight *w, const char *name, specd_err *err) {
+    backend *be = h->tgt.be;
+    if (be->ops->weight_place(be->ctx, w, w) < 0 || head_placed(h, w->data) < 0)
+        return specd_err_set(err, "cannot place the head's %s [%lld x %lld] in %s memory", name, (long long)w->rows,
+                             (long long)w->cols, be->name);
+    return 0;
+}
+
+/* Backend residency, after every host-side conversion (hot-vocabulary cut,
+ * Q8_0): the d2t map and the workspace on every backend; on a device backend
+ * also every matrix and vector. The embedding is the target's placed copy
+ * when it has one (and so is the LM head when the gathered rows are the
+ * target's whole head in order); otherwise the head places its own. */
+static int head_place(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
+    backend *be = h->tgt.be;
+    const eagle3_config *c = &h->cfg;
+    const int64_t Vs = h->lm_head.rows;
+    /* d2t of the logits rows: used[i] - i (int32: ids fit, the map was validated) */
+    int32_t *off = malloc(sizeof(int32_t) * (size_t)Vs);
+    if (!off) return specd_err_set(err, "out of memory");
+    for (int64_t i = 0; i < Vs; i++) off[i] = (int32_t)(h->used[i] - i);
+    int rc = bk_tensor_alloc(be, BK_I32, Vs, 1, &h->d2t);
+    if (rc == 0) rc = be->ops->upload(be->ctx, h->d2t.data, off, sizeof(int32_t) * (size_t)Vs);
+    if (rc == 0 && !be->host_visible) rc = be->ops->download(be->ctx, NULL, NULL, 0); /* off is freed next */
+    free(off);
+    if (rc < 0) return specd_err_set(err, "cannot place the draft's d2t map in %s memory", be->name);
+    h->max_rows = o && o->max_rows > 0 ? o->max_rows : 512;
+    const size_t ws = eagle3_layer_ws(h, h->max_rows) > (size_t)h->max_rows * (size_t)c->hidden + 64
+                          ? eagle3_layer_ws(h, h->max_rows)
+                          : (size_t)h->max_rows * (size_t)c->hidden + 64;
+    if (!(h->ws = be->ops->buf_alloc(be->ctx, ws * sizeof(float))))
+        return specd_err_set(err, "cannot allocate the draft workspace (%d rows, %zu bytes of %s memory)", h->max_rows,
+                             ws * sizeof(float), be->name);
+    h->ws_cap = ws;
+    if (be->host_visible) return 0;
+    h->dev = true;
+    const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    struct { bk_weight *w; const char *name; } mats[] = {
+        {&h->fc, "fc"}, {&h->wq, "q_proj"}, {&h->wk, "k_proj"}, {&h->wv, "v_proj"}, {&h->wo, "o_proj"},
+        {&h->wgate, "gate_proj"}, {&h->wup, "up_proj"}, {&h->wdown, "down_proj"},
+    };
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        if (mat_place(h, mats[i].w, mats[i].name, err) < 0) return -1;
+    const bk_weight *tl = h->tgt.lm_head;
+    const bool whole = h->tgt.lm_head_placed && h->lm_head.type == tl->type && h->lm_head.rows == tl->rows &&
+                       h->lm_head.cols == tl->cols && h->lm_head.row_bytes == tl->row_bytes &&
+                       !memcmp(h->lm_head.data, tl->data, tl->row_bytes * (size_t)tl->rows);
+    if (whole) {
+        h->lm_head = *h->tgt.lm_head_placed; /* the target's own device LM head: the same rows in the same order */
+    } else if (mat_place(h, &h->lm_head, "lm_head", err) < 0) {
+        return -1;
+    }
+    if (h->embed == &h->own_embed) {
+        if (mat_place(h, &h->own_embed, "embed_tokens", err) < 0) return -1;
+    } else if (h->tgt.embed_placed) {
+        h->embed = h->tgt.embed_placed;
+    } else {
+        h->own_embed = *h->tgt.embed; /* a target on another backend: a copy of its table */
+        h->embed = &h->own_embed;
+        if (mat_place(h, &h->own_embed, "embed_tokens (the target's)", err) < 0) return -1;
+    }
+    if (vec_place(h, h->bq, qd, &h->t_bq, err) < 0 || vec_place(h, h->bk, kvd, &h->t_bk, err) < 0 ||
+        vec_place(h, h->bv, kvd, &h->t_bv, err) < 0 || vec_place(h, h->bo, H, &h->t_bo, err) < 0 ||
+        vec_place(h, h->n_input, H, &h->t_input, err) < 0 || vec_place(h, h->n_hidden, H, &h->t_hidden, err) < 0 ||
+        vec_place(h, h->n_post, H, &h->t_post, err) < 0 || vec_place(h, h->n_final, H, &h->t_final, err) < 0 ||
+        vec_place(h, h->inv_freq, c->head_dim / 2, &h->t_inv_freq, err) < 0)
+        return -1;
+    if (be->ops->download(be->ctx, NULL, NULL, 0) < 0) /* the uploads read host memory until the stream passes them */
+        return specd_err_set(err, "placing the head in %s memory failed", be->name);
+    LOG_INFO("eagle3: head placed in %s memory (embedding %s, lm_head %s)", be->name,
+             h->embed == h->tgt.embed_placed ? "the target's" : "its own copy", whole ? "the target's" : "its own copy");
     return 0;
 }
 
@@ -364,9 +464,8 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     eagle3_head *h = calloc(1, sizeof *h);
     if (!h) return specd_err_set(err, "out of memory");
     h->tgt = *t;
-    if (!t->be || !t->be->host_visible) { /* its forward wraps host buffers (eagle3_forward.c) */
-        specd_err_set(err, "the EAGLE-3 head runs on host-visible backends only for now (backend %s)",
-                      t->be ? t->be->name : "none");
+    if (!t->be) {
+        specd_err_set(err, "no backend to compute on");
         goto fail;
     }
     if (eagle3_config_load(dir, &h->cfg, err) < 0) goto fail;
@@ -404,7 +503,7 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     h->inv_freq = head_own(h, sizeof(float) * (size_t)(c->head_dim / 2));
     if (!h->inv_freq) { specd_err_set(err, "out of memory"); goto fail; }
     eagle3_config_inv_freq(c, h->inv_freq);
-    if (alloc_kv(h, o, err) < 0) goto fail;
+    if (alloc_kv(h, o, err) < 0 || head_place(h, o, err) < 0) goto fail;
     LOG_INFO("eagle3 head %s: %s layout, hidden %d (target %d), heads %d/%d x %d, ffn %d, rope_theta %g%s, "
              "norm_before_residual %s, aux layers {%d, %d, %d} (input convention), draft KV %d blocks x %d%s",
              dir, eagle3_layout_name(c->layout), c->hidden, c->target_hidden, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -423,10 +522,17 @@ void eagle3_head_destroy(eagle3_head *h) {
     if (!h) return;
     for (int i = 0; i < h->n_owned; i++) free(h->owned[i]);
     free(h->owned);
-    free(h->kv_k);
-    free(h->kv_v);
+    backend *be = h->tgt.be;
+    if (be) { /* backend memory: buf_free takes NULL */
+        if (h->dev) be->ops->download(be->ctx, NULL, NULL, 0); /* nothing queued may still read what is freed */
+        be->ops->buf_free(be->ctx, h->kv_k);
+        be->ops->buf_free(be->ctx, h->kv_v);
+        be->ops->buf_free(be->ctx, h->ws);
+        bk_tensor_free(be, &h->d2t);
+        for (int i = 0; i < h->n_placed; i++) be->ops->buf_free(be->ctx, h->placed[i]);
+    }
+    free(h->placed);
     free(h->free_ids);
-    free(h->ws);
     free(h->hot);
     st_close(h->st);
     free(h);
@@ -440,6 +546,8 @@ int32_t eagle3_head_n_scored(const eagle3_head *h) {
     return (int32_t)h->lm_head.rows * (eagle3_tp_vocab_split(h) ? eagle3_tp_size(h) : 1);
 }
 int32_t eagle3_head_n_aux(const eagle3_head *h) { return h->n_aux; }
+backend *eagle3_head_backend(const eagle3_head *h) { return h->tgt.be; }
+const bk_tensor *eagle3_head_d2t(const eagle3_head *h) { return &h->d2t; }
 int eagle3_head_aux_layers(const eagle3_head *h, int32_t *out) {
     memcpy(out, h->aux_layers, sizeof(int32_t) * (size_t)h->n_aux);
     return h->n_aux;

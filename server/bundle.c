@@ -46,8 +46,10 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  * at start (no usable GPU: kn_probe's reason; or a configuration the GPU
  * cannot run yet: DeepSeek-V3, tensor parallelism). --device auto
  * (default): cuda when both would hold, else cpu with one log line saying
- * why. A draft head stays on a CPU backend of its own next to a cuda target
- * (specd_bundle_load).
+ * why. A draft head runs on the same cuda backend as its target (weights,
+ * KV and buffers in the arena, planned below); only a head the GPU cannot
+ * run (head_dim beyond the attention kernel's) falls back to a CPU backend
+ * of its own, with one log line saying why (specd_bundle_load).
  *
  * Sizing on cuda (vLLM's --gpu-memory-utilization): the process may use
  * util x total GPU memory, which must be free at start. Of that, a fixed
@@ -145,6 +147,53 @@ static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *w
                  BK_CUDA_MAX_HEAD_DIM);
 }
 
+/* The EAGLE-3 head next to a cuda target: whether it can run on the GPU
+ * (why[0] != 0: no), the attention bounds it needs, and what it adds to the
+ * arena: its weights (the files; a gathered LM head counted at f32), the
+ * fixed part of its KV (the 256 blocks it has beyond the target's), its
+ * workspace and the proposer's buffers for R rows / S sequences / k drafts
+ * (fixed), and its KV per target token (its pool follows the target's). */
+typedef struct draft_dims {
+    char why[200];
+    int64_t n_heads, head_dim;
+    size_t fixed, per_tok;
+} draft_dims;
+
+static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64_t S, int32_t block, draft_dims *dd,
+                      specd_err *err) {
+    memset(dd, 0, sizeof *dd);
+    eagle3_config ec;
+    if (eagle3_config_load(b->spec.model, &ec, err)) return specd_err_wrap(err, "draft %s", b->spec.model);
+    dd->n_heads = ec.n_heads;
+    dd->head_dim = ec.head_dim;
+    if (ec.head_dim > BK_CUDA_MAX_HEAD_DIM) {
+        snprintf(dd->why, sizeof dd->why, "its head_dim %d exceeds the CUDA attention kernel's %d", ec.head_dim,
+                 BK_CUDA_MAX_HEAD_DIM);
+        return 0;
+    }
+    int64_t files = 0;
+    DIR *dp = opendir(b->spec.model);
+    struct dirent *de;
+    while (dp && (de = readdir(dp))) {
+        const size_t n = strlen(de->d_name);
+        char p[4096];
+        if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors")) continue;
+        snprintf(p, sizeof p, "%s/%s", b->spec.model, de->d_name);
+        const int64_t fb = file_bytes(p);
+        files += fb > 0 ? fb : 0;
+    }
+    if (dp) closedir(dp);
+    const int64_t H = ec.hidden, qd = (int64_t)ec.n_heads * ec.head_dim, kvd = (int64_t)ec.n_kv_heads * ec.head_dim;
+    const int64_t Vd = ec.draft_vocab, featw = EAGLE3_MAX_AUX * d->hidden, rows = R > S ? R : S;
+    const size_t kv_tok = 2 * (size_t)kvd * sizeof(float);
+    const size_t ws = 4 * (size_t)rows * (size_t)(5 * H + 2 * qd + 2 * kvd + 2 * ec.ffn) + 4096;
+    const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17);
+    dd->per_tok = kv_tok;
+    dd->fixed = (size_t)files + 4 * (size_t)Vd * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +
+                4 * (size_t)Vd + ((size_t)4 << 20); /* + d2t, norms, alignment */
+    return 0;
+}
+
 /* Chooses the backend (b->be, b->device) and, on cuda, the KV budget (*kv_bytes). */
 static int bundle_backend(const char *model_path, const specd_config *cfg, specd_bundle *b, int64_t *kv_bytes,
                           specd_err *err) {
@@ -184,14 +233,26 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                       .block_size = cfg->block_size > 0 ? cfg->block_size : 16,
                       .max_heads = (int32_t)d.n_heads,
                       .max_head_dim = (int32_t)d.head_dim};
+    draft_dims dd = {0};
+    b->draft_why[0] = '\0';
+    if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */
+        if (draft_plan(b, &d, T < 512 ? T : 512, cfg->max_num_seqs, o.block_size, &dd, err) < 0) return -1;
+        snprintf(b->draft_why, sizeof b->draft_why, "%s", dd.why);
+        if (!dd.why[0]) {
+            if (dd.n_heads > o.max_heads) o.max_heads = (int32_t)dd.n_heads;
+            if (dd.head_dim > o.max_head_dim) o.max_head_dim = (int32_t)dd.head_dim;
+        } else {
+            dd.fixed = dd.per_tok = 0;
+        }
+    }
     /* model.c: llama_forward's workspace and model_finish_outputs' ws_out for a full step, all rows output */
     const size_t ws = 4 * (size_t)T * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * d.ffn + 1) +
                       4 * (size_t)T * (size_t)(1 + H + d.vocab) +
                       (b->spec.enabled ? 4 * (size_t)T * EAGLE3_MAX_AUX * (size_t)H : 0); /* aux capture */
     const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
                                                        ((size_t)16 << 20); /* + norms, alignment */
-    const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed;
-    const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float);
+    const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed + dd.fixed;
+    const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float) + dd.per_tok;
     if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
         return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
                              (long long)d.n_layers, (long long)d.n_heads, (long long)d.head_dim);
@@ -204,15 +265,19 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                              (double)wb / (1 << 30), (double)(2 * ws + fixed) / (1 << 30),
                              (double)BUNDLE_CUDA_RESERVE / (1 << 30), (long long)max_len,
                              (double)per_tok * (double)max_len / (1 << 30));
-    *kv_bytes = (int64_t)(budget - need);
+    /* the KV tokens the rest holds; the target's pool gets its share, the head's (as many blocks + 256) the other */
+    const int64_t kv_tokens = (int64_t)((budget - need) / per_tok);
+    *kv_bytes = kv_tokens * (int64_t)(per_tok - dd.per_tok);
     o.arena_bytes = budget - BUNDLE_CUDA_RESERVE;
     LOG_INFO("cuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB: weights %.2f "
              "GiB (from the files), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata and "
-             "attention scratch up to %lld positions), reserve %.2f GiB, KV %.2f GiB = %lld tokens",
+             "attention scratch up to %lld positions), reserve %.2f GiB, draft head %.2f GiB + its KV %.2f GiB, KV "
+             "%.2f GiB = %lld tokens",
              (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
              (double)wb / (1 << 30), (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
-             (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)*kv_bytes / (1 << 30),
-             (long long)(*kv_bytes / (int64_t)per_tok));
+             (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)dd.fixed / (1 << 30),
+             (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)*kv_bytes / (1 << 30),
+             (long long)kv_tokens);
     b->be = bk_cuda_create(&o, err);
     if (!b->be) return -1;
     b->device = "cuda";
@@ -390,17 +455,23 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (b->spec.enabled) {
         eagle3_opts eo = {0};
         if (draft_opts(cfg, &eo, err) < 0) goto fail;
-        if (!b->be->host_visible) {
-            /* the head has no device ops: it computes on a CPU backend of its own; per step the target
-             * downloads the aux features of the captured rows ([T, n_aux * H] f32) for it, and the head
-             * reads the target's embedding / LM head from their host views (engine/model model.h) */
+        if (!b->be->host_visible && b->draft_why[0]) {
+            /* the fallback: a head the GPU cannot run computes on a CPU backend of its own; it reads the
+             * target's embedding / LM head from their host views (engine/model model.h) */
             if (!(b->draft_be = bk_cpu_create(cfg->threads))) {
                 specd_err_set(err, "cannot create the draft's CPU backend");
                 goto fail;
             }
             eo.be = b->draft_be;
-            LOG_INFO("draft: on the CPU backend (%s) next to the %s target; aux features are downloaded each step",
-                     bk_cpu_describe(b->draft_be), b->device);
+            LOG_INFO("draft: on the CPU backend (%s) next to the %s target, because %s", bk_cpu_describe(b->draft_be),
+                     b->device, b->draft_why);
+        } else if (!b->be->host_visible) {
+            /* on the target's backend: weights, KV and buffers in the arena (planned in bundle_backend), the
+             * target's placed embedding shared, argmax + d2t on the device, one download of ids per propose */
+            eo.max_rows = cfg->max_num_batched_tokens < 512 ? cfg->max_num_batched_tokens : 512;
+            eo.max_seqs = cfg->max_num_seqs;
+            eo.max_k = b->spec.k;
+            LOG_INFO("draft: on the %s backend with its target", b->device);
         }
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);

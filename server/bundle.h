@@ -25,7 +25,9 @@
 
 typedef struct specd_bundle {
     backend *be;
-    backend *draft_be;        /* the draft head's CPU backend when the target runs on cuda, else NULL */
+    backend *draft_be;        /* the draft head's own CPU backend when the target runs on cuda but the head
+                                 cannot (draft_why says why), else NULL: the head shares the target's backend */
+    char draft_why[200];      /* "" when the head runs on the target's (cuda) backend */
     model *m;
     tokenizer *tok;
     gguf_file *tok_gguf;      /* tokenizer-only load of a GGUF */

@@ -226,16 +226,28 @@ typedef struct bk_ops {
     /* dst[t, col0 .. col0 + src->cols) = src[t, :] for every row t
      * (concatenation along columns, EAGLE-3's aux capture and input). */
     int (*copy_cols)(void *ctx, bk_tensor *dst, int64_t col0, const bk_tensor *src);
-    /* dst[i, :] = src[idx[i], :], idx I32 [n, 1] (selecting output rows). */
+    /* dst[i, :] = src[idx[i], :], idx I32 [n, 1] (selecting output rows). A
+     * bit-exact copy of 4-byte elements, so src / dst may be I32 tensors too
+     * (the draft loop compacts its device token ids with it). */
     int (*gather_rows)(void *ctx, const bk_tensor *src, const bk_tensor *idx, bk_tensor *dst);
+    /* out[t] = the argmax of row t of logits F32 [T, V] (sampler_argmax's rule:
+     * the largest value, ties -> the lowest id, NaN loses to every number, a
+     * row of only NaN gives 0), mapped through d2t when it is not NULL:
+     * out[t] = id + d2t[id], d2t I32 [V, 1] of offsets (EAGLE-3's draft ->
+     * target map, validated at load). out I32 [T, 1]. The greedy draft pick
+     * of the chain loop, on the device (no logits download). */
+    int (*argmax)(void *ctx, const bk_tensor *logits, const bk_tensor *d2t, bk_tensor *out);
 
     /* --- memory and transfers (all backends; trivial on host-visible ones) */
     /* bytes of backend memory (16-byte aligned at least, zeroed), or NULL. Called at
      * start-up (weights, KV pool, workspace), never per step. */
     void *(*buf_alloc)(void *ctx, size_t bytes);
     void (*buf_free)(void *ctx, void *p); /* NULL ok */
-    /* Copies between host and backend memory (bytes). upload may be queued
-     * (the host buffer must stay valid until the next sync); download waits. */
+    /* Copies between host and backend memory (bytes). upload may be queued;
+     * from ordinary (pageable) host memory the source may be reused as soon
+     * as it returns (the CUDA backend: cudart stages pageable memory before
+     * cudaMemcpyAsync returns; the draft's staging relies on it). download
+     * waits. */
     int (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
     int (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
     /* Makes *dst a backend-resident copy of the host weight *src (same type

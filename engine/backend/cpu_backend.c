@@ -347,6 +347,20 @@ static int cpu_gather_rows(void *vctx, const bk_tensor *src, const bk_tensor *id
     return 0;
 }
 
+static int cpu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, bk_tensor *out) {
+    (void)vctx;
+    const int64_t V = logits->cols;
+    if (out->rows != logits->rows || V <= 0 || (d2t && d2t->rows * d2t->cols < V)) return -1;
+    for (int64_t t = 0; t < logits->rows; t++) {
+        const float *x = bk_f32(logits) + (size_t)t * (size_t)V;
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; i++) /* sampler_argmax (engine/runtime/sampler.c) */
+            if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
+        bk_i32(out)[t] = d2t ? best + bk_i32(d2t)[best] : best;
+    }
+    return 0;
+}
+
 static int cpu_matmul_t(void *vctx, const bk_weight *w, const bk_tensor *x, bk_tensor *y) {
     return cpu_matmul(vctx, w, bk_f32(x), (int32_t)x->rows, bk_f32(y));
 }
@@ -397,6 +411,7 @@ static const bk_ops CPU_OPS = {
     .embed = cpu_embed,
     .copy_cols = cpu_copy_cols,
     .gather_rows = cpu_gather_rows,
+    .argmax = cpu_argmax,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
     .upload = cpu_copy,

@@ -543,6 +543,18 @@ static int cu_gather_rows(void *vctx, const bk_tensor *src, const bk_tensor *idx
     return 0;
 }
 
+static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, bk_tensor *out) {
+    cu_ctx *c = vctx;
+    CU_REQUIRE(logits->dtype == BK_F32 && out->dtype == BK_I32 && out->rows == logits->rows && logits->rows > 0 &&
+                   logits->cols > 0 && logits->cols <= INT32_MAX && (!d2t || (d2t->dtype == BK_I32 &&
+                   d2t->rows * d2t->cols >= logits->cols)),
+               "argmax: logits [%lld, %lld], out [%lld], d2t %lld", (long long)logits->rows, (long long)logits->cols,
+               (long long)out->rows, d2t ? (long long)(d2t->rows * d2t->cols) : -1LL);
+    CU_CHECK(kn_argmax(logits->data, (int32_t)logits->rows, (int32_t)logits->cols, d2t ? d2t->data : NULL,
+                       d2t ? 32 : 0, out->data, c->stream));
+    return 0;
+}
+
 static const bk_ops CUDA_OPS = {
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -556,6 +568,7 @@ static const bk_ops CUDA_OPS = {
     .embed = cu_embed,
     .copy_cols = cu_copy_cols,
     .gather_rows = cu_gather_rows,
+    .argmax = cu_argmax,
     .buf_alloc = cu_buf_alloc,
     .buf_free = cu_buf_free,
     .upload = cu_upload,

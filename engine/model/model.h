@@ -141,5 +141,12 @@ int model_forward(model *m, const model_batch *b, specd_err *err);
 const bk_weight *model_embed_weight(const model *m);   /* [vocab, H] */
 const bk_weight *model_lm_head_weight(const model *m); /* [vocab, H] (tied: same as embed) */
 backend *model_backend(const model *m);
+/* The same two in the model's backend memory (the copies its forward reads:
+ * device memory on a device backend; == the host views on host-visible
+ * ones), for a draft head computing on the model's own backend, which then
+ * shares them instead of placing copies. NULL at TP > 1 (the LM head is a
+ * vocabulary slice there). */
+const bk_weight *model_embed_placed(const model *m);
+const bk_weight *model_lm_head_placed(const model *m);
 
 #endif

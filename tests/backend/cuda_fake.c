@@ -23,6 +23,7 @@ typedef struct fake_alloc { char *p; size_t n; } fake_alloc;
 static fake_alloc fake_allocs[64];
 static int fake_n_allocs;
 int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
+long fake_h2d, fake_d2h, fake_syncs;
 
 int fake_is_device(const void *p, size_t bytes) {
     for (int i = 0; i < fake_n_allocs; i++)
@@ -60,13 +61,18 @@ cudaError_t cudaMallocHost(void **p, size_t n) {
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
     (void)s;
-    if (kind == cudaMemcpyHostToDevice) DEV(dst, n);
-    else DEV(src, n);
+    if (kind == cudaMemcpyHostToDevice) {
+        DEV(dst, n);
+        fake_h2d++;
+    } else {
+        DEV(src, n);
+        fake_d2h++;
+    }
     memcpy(dst, src, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) { (void)s; DEV(dst, n); memset(dst, v, n); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; fake_syncs++; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) { (void)f; *s = (cudaStream_t)(uintptr_t)1; return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) { (void)f; *e = (cudaEvent_t)(uintptr_t)1; return cudaSuccess; }
@@ -227,4 +233,18 @@ int kn_attention(const kn_paged_kv *kv, const kn_attn_batch *b, const float *q, 
     bk_kv_layer l = {kv->k, kv->v, kv->block_size, kv->n_kv_heads, kv->head_dim, kv->n_blocks, NULL, NULL};
     bk_tensor qt = bk_wrap_f32((float *)q, b->n_tokens, (int64_t)qd), ot = bk_wrap_f32(out, b->n_tokens, (int64_t)qd);
     return fake_cpu()->ops->attention(fake_cpu()->ctx, &l, &m, &qt, nh, scale, &ot);
+}
+int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2t_bits, int32_t *out, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(logits, (size_t)T * V); DEV(out, (size_t)T * 4);
+    if (d2t) DEV(d2t, (size_t)V * (d2t_bits == 64 ? 8 : 4));
+    if (d2t && d2t_bits != 32 && d2t_bits != 64) return cudaErrorInvalidValue;
+    for (int32_t t = 0; t < T; t++) { /* the kernel's rule (kernels/kn_elementwise.cu): sampler_argmax's order */
+        const float *x = logits + (size_t)t * V;
+        int32_t b = 0;
+        for (int32_t i = 1; i < V; i++) if (x[i] > x[b] || (isnan(x[b]) && !isnan(x[i]))) b = i;
+        out[t] = !d2t ? b : d2t_bits == 32 ? b + ((const int32_t *)d2t)[b] : (int32_t)(b + ((const int64_t *)d2t)[b]);
+    }
+    return 0;
 }

@@ -1,16 +1,34 @@
 /*
- * test_cuda_draft.c (label model, no GPU): the EAGLE-3 head on a CPU backend
- * next to a target on the (fake) CUDA device, as the bundle wires it for
- * `--device cuda` with a draft (eagle3_opts.be): the head reads the target's
- * embedding / LM head through their host views (model_embed_weight /
- * model_lm_head_weight) and gets the aux features the target downloads each
- * step (llama_forward on a device backend). The loop is
- * tests/draft/test_draft_spec_loop.c's greedy speculative loop (prefill with
- * capture, propose k, verify k + 1 rows with capture, accept, bonus, extend).
- * Checked: 12 tokens of greedy speculative decoding at k = 1 and 4 equal
- * plain greedy decoding on the CPU target token for token, the proposals are
- * the ones a head on the CPU target makes (same head, same aux bits: the fake
- * device reproduces the CPU ops), and no host pointer reached a device op.
+ * test_cuda_draft.c (label model, no GPU): the EAGLE-3 head next to a target
+ * on the (fake) CUDA device, both ways the bundle wires it for `--device
+ * cuda` with a draft:
+ *   - on the DEVICE, the target's own backend (eagle3_opts.be NULL): its
+ *     weights placed, the target's placed embedding shared, its KV, workspace
+ *     and chain buffers in device memory, argmax + d2t on the device, one
+ *     download of the drafted ids per propose;
+ *   - on a CPU backend of its own (the fallback, eagle3_opts.be): the
+ *     target's embedding / LM head through their host views
+ *     (model_embed_weight / model_lm_head_weight), the aux features the target
+ *     downloads each step (llama_forward on a device backend).
+ * Checked:
+ *   1. greedy speculative decoding (tests/draft/test_draft_spec_loop.c's loop:
+ *      prefill with capture, propose k, verify k + 1 rows with capture,
+ *      accept, bonus, extend) of 12 tokens at k = 1 and 4 with the target on
+ *      the device equals plain greedy decoding on the CPU target token for
+ *      token, with the head on the device and with the head on its CPU
+ *      backend, and the proposals equal those of a head on the CPU target
+ *      (same head, same aux bits: the fake device reproduces the CPU ops);
+ *   2. the trained head of draft/heads on the device against the same head
+ *      on the CPU target, fed the very same inputs (4 sequences of different
+ *      prompt lengths verified on the CPU target, 5 speculative steps, k =
+ *      k0, k0 - 1, ... per sequence so rows leave the chain at different
+ *      steps): every draft token identical for k0 = 1..5, batch 1 and 4,
+ *      with and without its hot vocabulary (--speculative-token-map
+ *      hot_vocab_4096), and each propose on
+ *      the device waits on it exactly once (one stream synchronisation: the
+ *      download of the drafted ids; the embedding's bad-id flag travels in the
+ *      same sync) and uploads only metadata, features, tokens and indices;
+ *   3. no host pointer reached a device op.
  * Needs the SmolLM2 GGUF and the venv's numpy (random head); skips (77)
  * without them.
  */
@@ -22,6 +40,7 @@
 
 #include "tests/backend/cuda_fake/cuda_runtime_api.h" /* first: renames the CUDA backend's entry points */
 #include "draft/eagle3.h"
+#include "draft/eagle3_head.h"
 #include "engine/backend/cuda_backend.h"
 #include "tests/draft/draft_test_util.h"
 
@@ -38,16 +57,21 @@ static int32_t argmax(const float *x, int32_t n) {
     return b;
 }
 
-static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, float *logits, const int32_t *aux_layers,
-                  float *aux) {
+static int target_t(model *m, const int32_t *table, const int32_t *tokens, int32_t n, int32_t pos0, float *logits,
+                    const int32_t *aux_layers, float *aux) {
     int32_t pos[MAXT], seq[MAXT] = {0}, out[MAXT];
     for (int32_t i = 0; i < n; i++) pos[i] = pos0 + i, out[i] = i;
-    const int32_t *tables[1] = {g_table};
+    const int32_t *tables[1] = {table};
     model_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq_of = seq, .n_seqs = 1, .block_tables = tables,
                      .n_out = n, .out_idx = out, .logits = logits, .n_aux = aux ? 3 : 0, .aux_layers = aux_layers, .aux = aux};
     specd_err err = {{0}};
     if (model_forward(m, &b, &err) < 0) { printf("FAIL forward: %s\n", err.msg); n_fail++; return -1; }
     return 0;
+}
+
+static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, float *logits, const int32_t *aux_layers,
+                  float *aux) {
+    return target_t(m, g_table, tokens, n, pos0, logits, aux_layers, aux);
 }
 
 static void plain_greedy(model *m, int32_t *out) {
@@ -68,7 +92,7 @@ static void spec_greedy(model *m, backend *draft_be, const char *dir, int32_t k,
     const int32_t V = model_get_config(m)->vocab, H = model_get_config(m)->hidden;
     spec_proposer *sp = NULL;
     specd_err err = {{0}};
-    eagle3_opts o = {.n_blocks = 16, .be = draft_be};
+    eagle3_opts o = {.n_blocks = 16, .be = draft_be, .max_rows = MAXT, .max_seqs = 4};
     if (eagle3_load(dir, m, &o, &sp, &err) < 0) { printf("FAIL eagle3_load: %s\n", err.msg); n_fail++; return; }
     int32_t layers[8];
     sp->ops->aux_layers(sp->ctx, layers);
@@ -100,6 +124,116 @@ static void spec_greedy(model *m, backend *draft_be, const char *dir, int32_t k,
     eagle3_destroy(sp);
 }
 
+/* Part 2: proposers a (head on the CPU target's backend) and b (head on the
+ * device target's backend) fed the same inputs: NSEQ sequences (prompt 0 cut
+ * to 37 - 5s tokens, s = 0..NSEQ-1), 5 greedy speculative steps verified on
+ * the CPU target. Every proposal of b must equal a's; each propose of b must
+ * synchronise with the device once. */
+#define STEPS 5
+static void batch_compare(model *mc, model *md, const char *dir, const char *hot, int32_t nseq, int32_t k) {
+    const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden;
+    specd_err err = {{0}};
+    spec_proposer *pa = NULL, *pb = NULL;
+    eagle3_opts o = {.n_blocks = 32, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
+    if (eagle3_load(dir, mc, &o, &pa, &err) < 0 || eagle3_load(dir, md, &o, &pb, &err) < 0) {
+        printf("FAIL eagle3_load: %s\n", err.msg);
+        n_fail++;
+        eagle3_destroy(pa);
+        return;
+    }
+    eagle3_head *hb = eagle3_proposer_head(pb);
+    EXPECT(fake_is_device(eagle3_head_d2t(hb)->data, 4) && fake_is_device(eagle3_head_kv(hb).k, 4),
+           "the device head's d2t map and KV must be device memory");
+    EXPECT(eagle3_head_n_scored(hb) == eagle3_head_n_scored(eagle3_proposer_head(pa)), "scored ids differ");
+    int32_t layers[8], tables[4][8], x[4], mpos[4], np[4];
+    pa->ops->aux_layers(pa->ctx, layers);
+    float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
+    int64_t ids[4];
+    int32_t ks[4];
+    for (int32_t s = 0; s < nseq; s++) {
+        for (int b = 0; b < 8; b++) tables[s][b] = s * 8 + b;
+        np[s] = g_np - 5 * s;
+        ids[s] = 100 + s;
+        ks[s] = k - s > 1 ? k - s : 1; /* different k per sequence: rows leave the chain at different steps */
+        if (target_t(mc, tables[s], g_prompt, np[s], 0, lg, layers, aux) < 0) goto out;
+        x[s] = argmax(lg + (size_t)(np[s] - 1) * V, V);
+        mpos[s] = np[s];
+        spec_proposer *both[2] = {pa, pb};
+        for (int w = 0; w < 2; w++) {
+            EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], g_prompt, np[s], 0, aux, &err) == 0, "extend: %s", err.msg);
+            EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], &x[s], 1, np[s], NULL, &err) == 0, "extend: %s", err.msg);
+        }
+    }
+    int32_t n_same = 0, n_acc = 0;
+    for (int step = 0; step < STEPS && !n_fail; step++) {
+        int32_t da[4 * 8], db[4 * 8];
+        const long s0 = fake_syncs, d0 = fake_d2h, u0 = fake_h2d;
+        EXPECT(pb->ops->propose(pb->ctx, ids, ks, nseq, k, NULL, db, NULL, &err) == 0, "propose (device): %s", err.msg);
+        const long syncs = fake_syncs - s0, d2h = fake_d2h - d0, h2d = fake_h2d - u0;
+        EXPECT(pa->ops->propose(pa->ctx, ids, ks, nseq, k, NULL, da, NULL, &err) == 0, "propose (cpu): %s", err.msg);
+        EXPECT(syncs == 1 && d2h >= 1 && d2h <= 2, "propose of %d x %d drafts on the device: %ld syncs, %ld downloads "
+               "(want one round trip)", nseq, k, syncs, d2h);
+        if (step == 0 && nseq == 4 && k == 5)
+            printf("  propose of 4 x (5, 4, 3, 2) drafts on the device: %ld stream sync, %ld device->host copies (the ids and the "
+                   "bad-id flag), %ld host->device copies (metadata per layer call, features, tokens, indices)\n",
+                   syncs, d2h, h2d);
+        for (int32_t i = 0; i < nseq * k; i++) {
+            EXPECT(da[i] == db[i], "hot=%s nseq=%d k=%d step %d: draft %d: device %d, cpu %d", hot ? "yes" : "no", nseq,
+                   k, step, i, db[i], da[i]);
+            EXPECT(i % k < ks[i / k] ? da[i] >= 0 && da[i] < V : da[i] == -1, "draft %d is %d", i, da[i]);
+            n_same += da[i] == db[i] && da[i] >= 0;
+        }
+        for (int32_t s = 0; s < nseq && !n_fail; s++) { /* verify on the CPU target; both heads get the same aux */
+            int32_t batch[9];
+            batch[0] = x[s];
+            const int32_t kk = ks[s];
+            for (int j = 0; j < kk; j++) batch[1 + j] = da[s * k + j];
+            if (target_t(mc, tables[s], batch, kk + 1, mpos[s], lg, layers, aux) < 0) goto out;
+            int32_t a = 0;
+            while (a < kk && argmax(lg + (size_t)a * V, V) == batch[1 + a]) a++;
+            const int32_t bonus = argmax(lg + (size_t)a * V, V);
+            n_acc += a;
+            spec_proposer *both[2] = {pa, pb};
+            for (int w = 0; w < 2; w++) {
+                EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], batch, a + 1, mpos[s], aux, &err) == 0, "extend: %s",
+                       err.msg);
+                EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], &bonus, 1, mpos[s] + a + 1, NULL, &err) == 0,
+                       "extend: %s", err.msg);
+            }
+            mpos[s] += a + 1;
+            x[s] = bonus;
+        }
+    }
+    printf("hot=%s batch %d k=%d: %d drafts identical on the device and the CPU (%d accepted)\n", hot ? "yes" : "no",
+           nseq, k, n_same, n_acc);
+    { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): the device head brings
+       * each step's logits to the host for the draw; with the same seeds both heads draw the same drafts from the
+       * same q, bit for bit */
+        float temps[4] = {0.8f, 0.0f, 0.8f, 0.0f};
+        const size_t nq = (size_t)nseq * (size_t)k * (size_t)V;
+        float *qa = malloc(sizeof(float) * nq), *qb = malloc(sizeof(float) * nq);
+        int32_t da[4 * 8], db[4 * 8];
+        for (int32_t s = 0; s < nseq; s++) {
+            pa->ops->seed_seq(pa->ctx, ids[s], 1234 + (uint64_t)s);
+            pb->ops->seed_seq(pb->ctx, ids[s], 1234 + (uint64_t)s);
+        }
+        const long s0 = fake_syncs;
+        EXPECT(pb->ops->propose(pb->ctx, ids, ks, nseq, k, temps, db, qb, &err) == 0, "sampled propose: %s", err.msg);
+        const long syncs = fake_syncs - s0;
+        EXPECT(pa->ops->propose(pa->ctx, ids, ks, nseq, k, temps, da, qa, &err) == 0, "sampled propose: %s", err.msg);
+        EXPECT(!memcmp(da, db, sizeof(int32_t) * (size_t)nseq * k), "sampled drafts differ (nseq %d, k %d)", nseq, k);
+        EXPECT(!memcmp(qa, qb, sizeof(float) * nq), "draft q differs (nseq %d, k %d)", nseq, k);
+        for (int32_t i = 0; i < nseq * k; i++) /* a one-hot q for greedy rows, a distribution for sampled ones */
+            if (da[i] >= 0) EXPECT(qa[(size_t)i * V + da[i]] > 0.0f, "q of draft %d is 0 at the drawn id", i);
+        EXPECT(syncs == ks[0] + 1, "sampled propose: %ld syncs, want %d (one per chain step with a sampled row, then "
+               "the ids)", syncs, ks[0] + 1);
+        free(qa), free(qb);
+    }
+out:
+    free(lg), free(aux);
+    eagle3_destroy(pa), eagle3_destroy(pb);
+}
+
 int main(void) {
     backend *cpu = bk_cpu_create(0), *draft_cpu = bk_cpu_create(0);
     specd_err err = {{0}};
@@ -107,7 +241,7 @@ int main(void) {
                        .block_size = 16, .max_heads = 16, .max_head_dim = 128};
     backend *dev = bk_cuda_create(&co, &err);
     if (!cpu || !draft_cpu || !dev) { printf("FAIL backends: %s\n", err.msg); return 1; }
-    model *mc = dt_model(cpu, 8), *md = dt_model(dev, 8);
+    model *mc = dt_model(cpu, 32), *md = dt_model(dev, 8);
     char p[1024], dir[64];
     snprintf(p, sizeof p, "%s/tests/fixtures/eagle3/capture_smollm2.json", dt_src());
     json_error_t je;
@@ -126,14 +260,26 @@ int main(void) {
     int32_t ref[GEN];
     plain_greedy(mc, ref);
     for (int32_t k = 1; k <= 4; k += 3) {
-        int32_t out_c[GEN] = {0}, out_d[GEN] = {0}, pr_c[GEN * 4] = {0}, pr_d[GEN * 4] = {0};
+        int32_t out_c[GEN] = {0}, out_d[GEN] = {0}, out_g[GEN] = {0}, pr_c[GEN * 4] = {0}, pr_d[GEN * 4] = {0},
+                pr_g[GEN * 4] = {0};
         spec_greedy(mc, NULL, dir, k, out_c, pr_c);      /* head on the CPU target's own backend */
         spec_greedy(md, draft_cpu, dir, k, out_d, pr_d); /* target on the device, head on its CPU backend */
+        spec_greedy(md, NULL, dir, k, out_g, pr_g);      /* target and head on the device */
         EXPECT(!memcmp(out_d, ref, sizeof ref), "k=%d: speculative output (device target) != plain greedy", k);
+        EXPECT(!memcmp(out_g, ref, sizeof ref), "k=%d: speculative output (device target and head) != plain greedy", k);
         EXPECT(!memcmp(out_c, ref, sizeof ref), "k=%d: speculative output (cpu target) != plain greedy", k);
         EXPECT(!memcmp(pr_c, pr_d, sizeof pr_c), "k=%d: the head proposed differently next to the device target", k);
-        printf("k=%d: 12 tokens == plain greedy; proposals identical to the all-CPU run\n", k);
+        EXPECT(!memcmp(pr_c, pr_g, sizeof pr_c), "k=%d: the head on the device proposed differently", k);
+        printf("k=%d: 12 tokens == plain greedy (head on the device, and on its CPU backend); proposals identical to "
+               "the all-CPU run\n", k);
     }
+    /* part 2 with the trained head shipped in draft/heads (real acceptance) and its hot vocabulary */
+    char head[1024], map[1100];
+    snprintf(head, sizeof head, "%s/draft/heads/smollm2-135m-eagle3", dt_src());
+    snprintf(map, sizeof map, "%s/hot_vocab_4096", head);
+    for (int with_map = 0; with_map < 2; with_map++)
+        for (int32_t nseq = 1; nseq <= 4; nseq += 3)
+            for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     dt_rm_head(dir);
     model_destroy(mc), model_destroy(md);

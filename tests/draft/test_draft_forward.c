@@ -91,8 +91,9 @@ static int32_t argmax(const float *x, int32_t n) {
  * rows whose top-1 equals the reference's. */
 static double q8_prefill(const char *dir, const char *name, int *top1_equal) {
     const model_config *mc = model_get_config(g_model);
-    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
-    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, true, NULL};
+    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
+                       mc->n_layers, NULL, NULL};
+    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, true, NULL, 0};
     eagle3_head *h = NULL;
     specd_err err = {{0}};
     if (eagle3_head_load(dir, &t, &ho, &h, &err) < 0) { fprintf(stderr, "%s\n", err.msg); fail(); }
@@ -127,8 +128,9 @@ static void run_head(const char *name, bool expect_nbr, bool expect_bias, float 
     char dir[64];
     dt_make_head(g_fx, name, NULL, dir);
     const model_config *mc = model_get_config(g_model);
-    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
-    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, false, NULL};
+    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
+                       mc->n_layers, NULL, NULL};
+    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, false, NULL, 0};
     eagle3_head *h = NULL;
     specd_err err = {{0}};
     if (eagle3_head_load(dir, &t, &ho, &h, &err) < 0) { fprintf(stderr, "%s\n", err.msg); fail(); }

@@ -102,8 +102,9 @@ static void make_variant(fault f, const char *from, const char *to, char *dir) {
 
 static int try_load(const char *dir, specd_err *err, eagle3_head **out) {
     const model_config *mc = model_get_config(g_model);
-    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
-    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, NULL};
+    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
+                       mc->n_layers, NULL, NULL};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, NULL, 0};
     return eagle3_head_load(dir, &t, &o, out, err);
 }
 
@@ -179,8 +180,9 @@ static void rm_map(const char *dir) {
 
 static int load_hot(const char *dir, const char *hot, specd_err *err, eagle3_head **out) {
     const model_config *mc = model_get_config(g_model);
-    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab, mc->n_layers};
-    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, hot};
+    eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
+                       mc->n_layers, NULL, NULL};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, hot, 0};
     return eagle3_head_load(dir, &t, &o, out, err);
 }
 

@@ -71,6 +71,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 #define kn_kv_write fake_kn_kv_write
 #define kn_attention fake_kn_attention
 #define kn_attn_scratch_bytes fake_kn_attn_scratch_bytes
+#define kn_argmax fake_kn_argmax
 /* and the backend's own entry points, so both copies can live in one binary */
 #define bk_cuda_create fake_bk_cuda_create
 #define bk_cuda_destroy fake_bk_cuda_destroy
@@ -84,5 +85,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 int fake_is_device(const void *p, size_t bytes); /* [p, p + bytes) inside one fake cudaMalloc */
 extern int fake_violations;                      /* host pointers seen where device ones belong */
 extern int fake_kn_add_rmsnorm_calls, fake_kn_calls;
+/* transfers: host -> device and device -> host copies (cudaMemcpyAsync), and
+ * the host waits on the device (cudaStreamSynchronize: one per download) */
+extern long fake_h2d, fake_d2h, fake_syncs;
 
 #endif
