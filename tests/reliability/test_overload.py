@@ -60,7 +60,10 @@ if __name__ == "__main__" and not R.have_binary_and_model():
 import pytest  # noqa: E402
 
 BODY = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
-LONG = {"prompt": "Count: 1, 2, 3,", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+# A, the runner, must outlive every step that needs it running (seconds of polling on a loaded machine):
+# 4000 tokens are 12 s even at 3 ms a token; with 400, A finished first on a fast runner and the requests
+# meant to wait or be refused were served (200)
+LONG = {"prompt": "Count: 1, 2, 3,", "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
 COUNTER_429 = 'specd_http_requests_total{endpoint="completions",status="429"}'
 
 
@@ -73,7 +76,7 @@ def srv():
         shutil.rmtree(head, ignore_errors=True)
         pytest.skip(str(e))
     # --shutdown-timeout 900: the drained stream of step 8 takes ~2 min under ASan on a loaded machine
-    s = R.Server(R.MODEL, ["--max-model-len", "512", "--kv-cache-memory", "64M", "--max-num-seqs", "1",
+    s = R.Server(R.MODEL, ["--max-model-len", "4096", "--kv-cache-memory", "256M", "--max-num-seqs", "1",
                            "--max-waiting", "3", "--draft", head, "--num-speculative-tokens", "3",
                            "--shutdown-timeout", "900"])
     yield s
@@ -207,9 +210,7 @@ def qsrv():
 def test_queue_time_limit(qsrv):
     srv = qsrv
     t0_count = srv.metrics().get("specd_num_queue_timeouts_total", 0)
-    # A must outlive three queue timeouts (2 s each plus a step): 4000 tokens are 12 s even at
-    # 3 ms a token; 400 tokens finished first on a fast runner and the n = 2 request then ran (200)
-    ca, ra, ea = open_stream(srv.port, dict(LONG, max_tokens=4000))
+    ca, ra, ea = open_stream(srv.port, LONG)  # outlives the three queue timeouts (2 s each plus a step)
     next(ea)
     wait_metric(srv, lambda m: m["specd_num_requests_running"] == 1, "A running")
 
