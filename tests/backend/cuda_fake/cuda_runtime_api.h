@@ -71,6 +71,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 #define kn_kv_write fake_kn_kv_write
 #define kn_attention fake_kn_attention
 #define kn_attn_scratch_bytes fake_kn_attn_scratch_bytes
+#define kn_sample fake_kn_sample
+#define kn_spec_verify fake_kn_spec_verify
+#define kn_sample_scratch_bytes fake_kn_sample_scratch_bytes
+#define kn_philox_uniforms fake_kn_philox_uniforms
 /* and the backend's own entry points, so both copies can live in one binary */
 #define bk_cuda_create fake_bk_cuda_create
 #define bk_cuda_destroy fake_bk_cuda_destroy
@@ -84,5 +88,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 int fake_is_device(const void *p, size_t bytes); /* [p, p + bytes) inside one fake cudaMalloc */
 extern int fake_violations;                      /* host pointers seen where device ones belong */
 extern int fake_kn_add_rmsnorm_calls, fake_kn_calls;
+/* device -> host / host -> device bytes copied (cudaMemcpyAsync), and the sampling launches */
+extern size_t fake_d2h_bytes, fake_h2d_bytes;
+extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
 
 #endif
