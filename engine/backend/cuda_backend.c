@@ -25,6 +25,19 @@
  * also reads the two flags when a launch since the last download could have
  * set them, so a bad id on the device fails the step that produced it.
  *
+ * Sampling (cu_sample, bk_ops.sample). The host's row descriptions (kn_sample
+ * params, histories, min_tokens suppress lists, logit_bias, uniforms, the
+ * chains' drafts) are packed into one pinned staging buffer and go up in ONE
+ * copy to its device mirror; kn_sample runs in chunks of CU_SAMPLE_CHUNK rows
+ * over a fixed scratch (3 x [32, vocab] floats), writing the processed
+ * distributions over the consumed logits when a chain samples; kn_spec_verify
+ * reads them in place (row0 = each chain's first row); ONE download brings
+ * back the ids [n_rows], the accepted counts and the chains' tokens. The
+ * staging, its mirror and the scratch are grow-only: carved from the arena
+ * by the first steps that sample (a few KiB plus 12 x 32 x vocab bytes; the
+ * staging doubles when a step's histories outgrow it), never per step after.
+ * The stream sync of that download also retires the staging for reuse.
+ *
  * Errors: every CUDA call and launcher return is checked (CU_CHECK: logs
  * "file:line: call: error" via engine/util/log.h and returns -1); a step
  * beyond the create-time bounds fails with the bound named. Never abort().
@@ -592,8 +605,15 @@ typedef struct cu_sample_layout {
 
 static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, const bk_verify_seq *vs, int32_t nv) {
     cu_sample_layout L = {0};
-    for (int32_t r = 0; r < n; r++) {
-        L.n_hist += rows[r].n_prompt + rows[r].n_output;
+    const int32_t *last_h = NULL;
+    int32_t last_len = 0, last_np = -1;
+    for (int32_t r = 0; r < n; r++) { /* histories counted as cu_sample stages them (a chain's once) */
+        const int32_t nh = rows[r].n_prompt + rows[r].n_output;
+        if (nh && rows[r].hist == last_h && rows[r].n_prompt == last_np) {
+            if (nh > last_len) L.n_hist += nh - last_len, last_len = nh;
+        } else if (nh) {
+            L.n_hist += nh, last_h = rows[r].hist, last_len = nh, last_np = rows[r].n_prompt;
+        }
         L.n_supp += rows[r].n_suppress;
         L.n_bias += rows[r].n_bias;
     }
@@ -645,21 +665,33 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
     float *bv = (float *)(h + L.bias);
     int32_t oh = 0, os = 0, ob = 0;
     bool any_sampling = false;
+    /* a chain's rows share one history (row j = row 0's plus j drafts): staged once, extended in place */
+    const int32_t *last_h = NULL;
+    int32_t last_off = 0, last_len = 0, last_np = -1;
     for (int32_t r = 0; r < n_rows; r++) {
         const bk_sample_row *x = &rows[r];
         const int32_t nh = x->n_prompt + x->n_output;
+        int32_t hoff = oh;
+        if (nh && x->hist == last_h && x->n_prompt == last_np && oh == last_off + last_len) {
+            hoff = last_off;
+            if (nh > last_len) memcpy(hist + oh, x->hist + last_len, (size_t)(nh - last_len) * 4), oh += nh - last_len;
+            if (nh > last_len) last_len = nh;
+        } else if (nh) {
+            memcpy(hist + oh, x->hist, (size_t)nh * 4);
+            last_h = x->hist, last_off = oh, last_len = nh, last_np = x->n_prompt;
+            oh += nh;
+        }
         P[r] = (kn_sample_params){.temperature = x->temperature, .top_p = x->top_p, .top_k = x->top_k,
                                   .min_p = x->min_p, .presence_penalty = x->presence_penalty,
                                   .frequency_penalty = x->frequency_penalty,
                                   .repetition_penalty = x->repetition_penalty, .pos = 0, .seed = 0,
-                                  .hist_off = oh, .n_prompt = x->n_prompt, .n_output = x->n_output,
+                                  .hist_off = hoff, .n_prompt = x->n_prompt, .n_output = x->n_output,
                                   .supp_off = os, .n_suppress = x->n_suppress, .bias_off = ob, .n_bias = x->n_bias,
                                   .forced_on = x->forced >= 0, .forced_id = x->forced >= 0 ? x->forced : 0,
                                   .use_u = 1, .u = x->u};
-        if (nh) memcpy(hist + oh, x->hist, (size_t)nh * 4);
         if (x->n_suppress) memcpy(supp + os, x->suppress, (size_t)x->n_suppress * 4);
         if (x->n_bias) memcpy(bid + ob, x->bias_ids, (size_t)x->n_bias * 4), memcpy(bv + ob, x->bias, (size_t)x->n_bias * 4);
-        oh += nh, os += x->n_suppress, ob += x->n_bias;
+        os += x->n_suppress, ob += x->n_bias;
     }
     const int32_t K = L.k_max;
     for (int32_t v = 0; v < n_verify; v++) {

@@ -24,6 +24,18 @@
  *    sequence per step; finished and aborted sequences free their blocks in
  *    the same step.
  *
+ * Sampling on the device (runner.sample_be, a backend that is not
+ * host-visible): the forward leaves the logits on the device; run_batch puts
+ * the rows sampled there first (plan_out_rows), then the raw rows only the
+ * host reads (prompt logprobs, chains of sampling requests whose draft gave
+ * q rows); device_sample downloads those, describes every other row
+ * (parameters, history, min_tokens mask, logit_bias, and the uniform drawn
+ * from the request's own RNG exactly as sampler_sample / sampler_accept would
+ * draw it) and makes ONE bk_ops.sample call; postprocess and spec_verify_seq
+ * then consume its ids / accepted counts instead of sampling. So a seed gives
+ * the same tokens on every backend, and only ids and counts cross the bus
+ * unless a request asked for logprobs.
+ *
  * Speculative decoding (spec.c): a decoding sequence with k > 0 reserves KV
  * for 1 + k positions here, all such sequences get their drafts from ONE
  * proposer call after scheduling, each contributes [x_m, d_1..d_k] with k + 1
