@@ -124,7 +124,6 @@ struct engine {
     bk_verify_seq *ds_vs; int32_t *ds_acc, *ds_vtok; sched_seq **ds_vseq; size_t cap_ds_vs;
     double *ds_u; size_t cap_ds_u;
     int32_t *ds_hist; size_t cap_ds_hist;             /* chains' histories with drafts appended */
-    int64_t ds_steps, ds_rows_total;                  /* stats for tests */
     float *prob;                                          /* [vocab] scratch */
     /* speculative decoding (spec.c); all empty without a proposer */
     int32_t n_aux;                                        /* aux layers the proposer wants */

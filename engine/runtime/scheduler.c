@@ -506,8 +506,6 @@ static int device_sample(engine *e, specd_err *err) {
     if (be->ops->sample(be->ctx, &lg, e->ds_rows, (int32_t)n_rows, e->ds_vs, (int32_t)n_vs, e->ds_ids, e->ds_acc,
                         e->ds_vtok) < 0)
         goto dev_fail;
-    e->ds_steps++;
-    e->ds_rows_total += (int64_t)n_rows;
     r = 0, v = 0;
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
