@@ -33,9 +33,11 @@
  * distributions over the consumed logits when a chain samples; kn_spec_verify
  * reads them in place (row0 = each chain's first row); ONE download brings
  * back the ids [n_rows], the accepted counts and the chains' tokens. The
- * staging, its mirror and the scratch are grow-only: carved from the arena
- * by the first steps that sample (a few KiB plus 12 x 32 x vocab bytes; the
- * staging doubles when a step's histories outgrow it), never per step after.
+ * staging, its mirror and the scratch are carved at create when
+ * opts.sample_vocab is set (counted by bk_cuda_fixed_bytes: 12 x 32 x vocab
+ * bytes of scratch, ~5 MiB of staging with its 2^20 history ids), else by the
+ * first step that samples; they only grow (the staging doubles when a step's
+ * histories outgrow it), never per step otherwise.
  * The stream sync of that download also retires the staging for reuse.
  *
  * Errors: every CUDA call and launcher return is checked (CU_CHECK: logs
@@ -567,11 +569,25 @@ static int cu_gather_rows(void *vctx, const bk_tensor *src, const bk_tensor *idx
 
 #define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
 
-/* Grows the sampling staging (pinned + device, `bytes` each) and the scratch for `vocab`. */
-static int cu_sample_reserve(cu_ctx *c, size_t bytes, int32_t vocab) {
+/* The staging carved at create when opts.sample_vocab > 0: a step of min(max_tokens, 16 max_seqs) rows,
+ * max_seqs chains of up to 15 drafts, CU_SAMPLE_HIST_IDS history ids and CU_SAMPLE_LIST_IDS suppress +
+ * logit_bias entries (a step needing more grows the staging then, or fails naming the arena). */
+#define CU_SAMPLE_HIST_IDS ((size_t)1 << 20)
+#define CU_SAMPLE_LIST_IDS ((size_t)1 << 16)
+static size_t cu_sample_base_bytes(const bk_cuda_opts *o) {
+    if (o->sample_vocab <= 0) return 0;
+    const size_t rows = (size_t)(o->max_tokens < 16 * o->max_seqs ? o->max_tokens : 16 * o->max_seqs);
+    const size_t ch = (size_t)o->max_seqs;
+    return rows * sizeof(kn_sample_params) + 4 * CU_SAMPLE_HIST_IDS + 12 * CU_SAMPLE_LIST_IDS +
+           ch * (15 * 4 + 4 + 1 + 8 + 4 + 4 + 17 * 8) + (rows + ch * 17) * 4 + 13 * 8; /* + alignment of 13 regions */
+}
+
+/* Grows the sampling staging (pinned + device, `bytes` each; doubling unless exact) and the scratch for `vocab`. */
+static int cu_sample_reserve(cu_ctx *c, size_t bytes, int32_t vocab, bool exact) {
     if (bytes > c->sm_cap) {
         size_t cap = c->sm_cap ? c->sm_cap : 4096;
         while (cap < bytes) cap *= 2;
+        if (exact) cap = bytes;
         if (c->sm_h) CU_CHECK(cudaFreeHost(c->sm_h));
         if (c->sm_d) cu_buf_free(c, c->sm_d);
         c->sm_h = NULL, c->sm_cap = 0;
@@ -658,7 +674,7 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
                    vs[v].greedy ? "greedy" : "sampling");
     if (cu_bind(c) < 0) return -1;
     const cu_sample_layout L = cu_sample_plan(rows, n_rows, vs, n_verify);
-    if (cu_sample_reserve(c, L.total, (int32_t)V) < 0) return -1;
+    if (cu_sample_reserve(c, L.total, (int32_t)V, false) < 0) return -1;
     char *h = c->sm_h, *d = c->sm_d;
     kn_sample_params *P = (kn_sample_params *)(h + L.prm);
     int32_t *hist = (int32_t *)(h + L.hist), *supp = (int32_t *)(h + L.supp), *bid = (int32_t *)(h + L.bias_ids);
@@ -772,8 +788,11 @@ static size_t cu_scratch_need(const bk_cuda_opts *o) {
 size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {
     if (o->block_size <= 0 || o->max_len <= 0 || o->max_tokens <= 0 || o->max_seqs <= 0) return 0;
     const size_t T = (size_t)o->max_tokens;
+    const size_t sampling = o->sample_vocab > 0 ? cu_round(cu_sample_base_bytes(o)) +
+                                                      cu_round(kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, o->sample_vocab))
+                                                : 0;
     return 2 * cu_round(T * 4) + cu_round((size_t)o->max_seqs * (size_t)cu_bt_cap(o) * 4) + cu_round(T * T) +
-           cu_round(cu_scratch_need(o)) + CU_ALIGN;
+           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling;
 }
 
 int bk_cuda_probe(int dev, char *why, size_t why_len) { return kn_probe(dev, why, why_len); }
@@ -841,6 +860,9 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
         return specd_err_set(err, "arena of %zu bytes cannot hold the backend's own %zu bytes (metadata, %zu bytes "
                                   "of attention scratch)",
                              c->arena_bytes, bk_cuda_fixed_bytes(o), c->scratch_bytes);
+    if (o->sample_vocab > 0 && cu_sample_reserve(c, cu_sample_base_bytes(o), o->sample_vocab, true) < 0)
+        return specd_err_set(err, "arena of %zu bytes cannot hold the sampler's staging and scratch (%zu bytes)",
+                             c->arena_bytes, bk_cuda_fixed_bytes(o));
     CREATE_CHECK(cudaMemsetAsync(c->d_flags, 0, 2 * sizeof(int32_t), c->stream));
     CREATE_CHECK(cudaStreamSynchronize(c->stream));
 #undef CREATE_CHECK

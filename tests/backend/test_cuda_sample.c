@@ -154,8 +154,12 @@ int main(void) {
     specd_err err = {{0}};
     backend *cpu = bk_cpu_create(1);
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 256, .max_seqs = 8,
-                      .max_len = 160, .block_size = EG_BS, .max_heads = 16, .max_head_dim = 128};
+                      .max_len = 160, .block_size = EG_BS, .max_heads = 16, .max_head_dim = 128,
+                      .sample_vocab = 512}; /* the sampler's buffers carved at create (the miniature's vocab) */
     backend *dev = bk_cuda_create(&o, &err);
+    EG_EXPECT(dev && bk_cuda_arena_used(dev) == bk_cuda_fixed_bytes(&o),
+              "the backend's own buffers, the sampler's included, are what bk_cuda_fixed_bytes says (%zu vs %zu)",
+              dev ? bk_cuda_arena_used(dev) : 0, bk_cuda_fixed_bytes(&o));
     if (!cpu || !dev) { printf("FAIL: backends: %s\n", err.msg); return 1; }
     model_load_opts mo = {.block_size = EG_BS, .n_blocks = 64};
     model *mc = NULL, *md = NULL;
