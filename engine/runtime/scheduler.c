@@ -301,12 +301,13 @@ static int run_batch(engine *e, specd_err *err) {
     if (grow((void **)&e->b_tables, &e->cap_seqs, e->n_sched, sizeof *e->b_tables) != 0) goto oom;
 
     /* tokens of each sequence contiguous; logits rows: its prompt-logprob
-     * positions (if any), then its sampling row (if its last known token is in) */
+     * positions (if any), then its sampling row (if its last known token is in);
+     * with device sampling, every sequence's device-sampled rows first, then the
+     * rows the host reads */
     size_t t = 0, n_out = 0;
     const bool dev = e->runner.sample_be != NULL;
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
-        size_t t0 = t;
         s->sched_t0 = (int32_t)t;
         e->b_tables[i] = s->kv.blocks;
         for (int32_t j = 0; j < s->sched_new; j++, t++) {
@@ -317,7 +318,6 @@ static int run_batch(engine *e, specd_err *err) {
         }
         s->sched_plp_n = 0;
         s->sched_out = -1;
-        (void)t0;
         if (!dev) {
             plan_plp_rows(e, s, &n_out);
             plan_out_rows(e, s, &n_out);
