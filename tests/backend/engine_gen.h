@@ -113,11 +113,14 @@ typedef struct eg_req {
     const int32_t *prompt;
     int32_t n_prompt;
     sampling_params sp;
+    bool prompt_logprobs;
 } eg_req;
 typedef struct eg_result {
     int32_t tok[EG_MAXR][EG_MAXN], n[EG_MAXR];
     token_logprob lp[EG_MAXR][EG_MAXN];
     int32_t n_lp[EG_MAXR];
+    token_logprob plp[EG_MAXR][EG_MAXN]; /* prompt logprobs (prompts shorter than EG_MAXN) */
+    int32_t n_plp[EG_MAXR];
     int steps, bytes_bad;
 } eg_result;
 
@@ -167,6 +170,7 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
         q.sp = rq[i].sp;
         q.prompt = rq[i].prompt;
         q.n_prompt = (size_t)rq[i].n_prompt;
+        q.prompt_logprobs = rq[i].prompt_logprobs;
         st[i] = engine_submit(e, &q, NULL, NULL, NULL, &err);
         if (!st[i]) { EG_EXPECT(0, "submit: %s", err.msg); return; }
         sid[i] = engine_stream_seq_id(st[i]);
@@ -189,6 +193,8 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
                 const bool prefill = !seen[ri];
                 seen[ri] = true;
                 const size_t nd = prefill ? 0 : (size_t)nt[j] - 1, nr = 1 + nd;
+                if (prefill && rq[ri].prompt_logprobs) /* positions 0 .. n_prompt - 2: raw rows */
+                    host += (size_t)(rq[ri].n_prompt - 1) * (size_t)eg_vocab * 4;
                 const bool sampling = rq[ri].sp.temperature >= 1e-5f;
                 if (nd > 0 && sampling) { /* q rows: verified on the host over downloaded raw rows */
                     host += nr * (size_t)eg_vocab * 4;
@@ -207,6 +213,8 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
         for (int i = 0; i < n_req; i++) {
             engine_output *o;
             while (!done[i] && engine_stream_wait(st[i], &o, 0.0)) {
+                for (size_t t = 0; t < o->n_prompt_logprobs && res->n_plp[i] < EG_MAXN; t++)
+                    res->plp[i][res->n_plp[i]++] = o->prompt_logprobs[t];
                 for (size_t t = 0; t < o->n_tokens && res->n[i] < EG_MAXN; t++) {
                     if (o->logprobs) res->lp[i][res->n_lp[i]++] = o->logprobs[t];
                     res->tok[i][res->n[i]++] = o->token_ids[t];
@@ -234,9 +242,12 @@ static void eg_expect_same(const char *what, const eg_result *a, const eg_result
                 if (a->tok[i][t] != b->tok[i][t]) { printf(" token %d: %d vs %d", t, a->tok[i][t], b->tok[i][t]); break; }
             printf("\n");
         }
-        if (a->n_lp[i] != b->n_lp[i]) bad++;
-        for (int t = 0; t < a->n_lp[i] && t < b->n_lp[i]; t++) {
-            const token_logprob *x = &a->lp[i][t], *y = &b->lp[i][t];
+        if (a->n_lp[i] != b->n_lp[i] || a->n_plp[i] != b->n_plp[i]) bad++;
+        for (int t = 0; t < a->n_lp[i] + a->n_plp[i] && t < b->n_lp[i] + b->n_plp[i]; t++) {
+            const bool pl = t >= a->n_lp[i]; /* then the prompt logprobs */
+            const token_logprob *x = pl ? &a->plp[i][t - a->n_lp[i]] : &a->lp[i][t];
+            const token_logprob *y = pl ? &b->plp[i][t - a->n_lp[i]] : &b->lp[i][t];
+            if (pl && t - a->n_lp[i] >= b->n_plp[i]) break;
             bool same = x->id == y->id && x->n_top == y->n_top &&
                         !memcmp(x->top_ids, y->top_ids, sizeof x->top_ids[0] * (size_t)x->n_top);
             if (EG_EXACT)
@@ -324,6 +335,15 @@ static void eg_scenarios(model *mc, model *md, backend *dev) {
     rl[0].sp.logprobs = 3;
     rl[2].sp.logprobs = 2;
     eg_scenario("logprobs (greedy top-3, sampled top-2) next to a request without", 0, rl, 3, NULL);
+
+    /* 3b. prompt logprobs (their rows come after the device-sampled ones) beside device-sampled requests */
+    eg_req rp[3] = {rq[1], rs[0], rq[0]};
+    rp[0].prompt_logprobs = true, rp[0].sp.logprobs = 2;
+    rp[2].prompt_logprobs = true;
+    eg_result plp;
+    eg_scenario("prompt logprobs (greedy top-2, and none) beside a seeded request", 0, rp, 3, &plp);
+    EG_EXPECT(plp.n_plp[0] == rp[0].n_prompt - 1 && plp.n_plp[2] == rp[2].n_prompt - 1 && plp.n_plp[1] == 0,
+              "prompt logprobs received: %d, %d, %d", plp.n_plp[0], plp.n_plp[1], plp.n_plp[2]);
 
     /* 4. speculative, k = 3: greedy chains verified on the device, a sampling chain (q rows) on the host */
     eg_or_count = 2;
