@@ -122,11 +122,19 @@ typedef struct eg_result {
     token_logprob plp[EG_MAXR][EG_MAXN]; /* prompt logprobs (prompts shorter than EG_MAXN) */
     int32_t n_plp[EG_MAXR];
     int steps, bytes_bad;
+    size_t d2h, h2d; /* bytes over the run (fake device only) */
 } eg_result;
 
 static size_t eg_d2h(void) {
 #if EG_FAKE
     return fake_d2h_bytes;
+#else
+    return 0;
+#endif
+}
+static size_t eg_h2d(void) {
+#if EG_FAKE
+    return fake_h2d_bytes;
 #else
     return 0;
 #endif
@@ -175,6 +183,7 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
         if (!st[i]) { EG_EXPECT(0, "submit: %s", err.msg); return; }
         sid[i] = engine_stream_seq_id(st[i]);
     }
+    const size_t d2h0 = eg_d2h(), h2d0 = eg_h2d();
     for (int step = 0; step < 400; step++) {
         const size_t d0 = eg_d2h();
         const int n = engine_step(e, &err);
@@ -225,6 +234,7 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
             }
         }
     }
+    res->d2h = eg_d2h() - d2h0, res->h2d = eg_h2d() - h2d0;
     for (int i = 0; i < n_req; i++) {
         EG_EXPECT(done[i], "request %d did not finish", i);
         engine_stream_release(st[i]);
@@ -268,8 +278,11 @@ static void eg_expect_same(const char *what, const eg_result *a, const eg_result
            b->bytes_bad);
     int total = 0;
     for (int i = 0; i < n_req; i++) total += a->n[i];
-    printf("%s: %d requests, %d tokens, %d device steps: identical to the CPU engine%s\n", what, n_req, total,
-           b->steps, EG_FAKE ? "; bytes per step as designed" : "");
+    printf("%s: %d requests, %d tokens, %d device steps: identical to the CPU engine", what, n_req, total, b->steps);
+    if (EG_FAKE)
+        printf("; bytes per step as designed (device -> host %.0f B/step, host -> device %.0f B/step)",
+               (double)b->d2h / b->steps, (double)b->h2d / b->steps);
+    printf("\n");
 }
 
 static model *eg_mc, *eg_md;
