@@ -310,7 +310,8 @@ __device__ void block_top_p(Shared &sh, const float *p, float *row, int32_t V, f
 }
 
 __global__ void __launch_bounds__(kT) kn_sample_kernel(const float *logits, const kn_sample_params *params,
-                                                        const int32_t *hist, const int32_t *suppress, int32_t V,
+                                                        const int32_t *hist, const int32_t *suppress,
+                                                        const int32_t *bias_ids, const float *bias, int32_t V,
                                                         int32_t *out_token, float *out_probs, float *s_row,
                                                         float *s_p, uint32_t *s_cnt) {
     __shared__ Shared sh;
@@ -356,6 +357,17 @@ __global__ void __launch_bounds__(kT) kn_sample_kernel(const float *logits, cons
         }
         __syncthreads();
     }
+    /* 3b: logit_bias, in list order (duplicates accumulate as on the CPU); 3c: forced id (tests) */
+    if (P.n_bias > 0 && tid == 0)
+        for (int32_t j = 0; j < P.n_bias; j++) {
+            const int32_t id = bias_ids[P.bias_off + j];
+            if (id >= 0 && id < V) row[id] = __fadd_rn(row[id], bias[P.bias_off + j]);
+        }
+    __syncthreads();
+    if (P.forced_on && P.forced_id >= 0 && P.forced_id < V) {
+        for (int32_t i = tid; i < V; i += kT) row[i] = i == P.forced_id ? 0.0f : -INFINITY;
+        __syncthreads();
+    }
 
     /* 4: greedy */
     const int32_t amax = block_argmax(sh, row, V);
@@ -398,7 +410,8 @@ __global__ void __launch_bounds__(kT) kn_sample_kernel(const float *logits, cons
     }
     if (out_token) {
         double total;
-        const int32_t tok = block_draw(sh, ArrayW{p}, V, kn_philox_uniform(P.seed, P.pos, 0), &total);
+        const double u = P.use_u ? P.u : kn_philox_uniform(P.seed, P.pos, 0);
+        const int32_t tok = block_draw(sh, ArrayW{p}, V, u, &total);
         if (tid == 0) out_token[r] = tok;
     }
 }
@@ -406,7 +419,8 @@ __global__ void __launch_bounds__(kT) kn_sample_kernel(const float *logits, cons
 __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, const float *q, const int32_t *target_tok,
                                                              const int32_t *draft, const int32_t *n_draft,
                                                              const uint8_t *greedy, const uint64_t *seed,
-                                                             const int32_t *pos0, int32_t k_max, int32_t V,
+                                                             const int32_t *pos0, const int32_t *row0,
+                                                             const double *uh, int32_t k_max, int32_t V,
                                                              int32_t *n_accepted, int32_t *out_tokens) {
     __shared__ Shared sh;
     const int tid = (int)threadIdx.x;
@@ -414,10 +428,12 @@ __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, cons
     const int32_t nd = min(max(n_draft[s], 0), k_max);
     const int32_t *d = draft + (size_t)s * (size_t)k_max;
     int32_t *out = out_tokens + (size_t)s * (size_t)(k_max + 1);
+    const size_t r0 = row0 ? (size_t)row0[s] : (size_t)s * (size_t)(k_max + 1); /* first row of p / target_tok */
+    const double *us = uh ? uh + (size_t)s * (size_t)(k_max + 2) : nullptr;
     if (greedy[s] || !p) {
         if (tid == 0 && !target_tok) n_accepted[s] = -1; /* caller bug: no argmax rows */
         if (tid == 0 && target_tok) {
-            const int32_t *tt = target_tok + (size_t)s * (size_t)(k_max + 1);
+            const int32_t *tt = target_tok + r0;
             int32_t a = 0;
             while (a < nd && d[a] == tt[a]) out[a] = d[a], a++;
             out[a] = tt[a];
@@ -427,18 +443,18 @@ __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, cons
     }
     const uint64_t sd = seed[s];
     for (int32_t j = 0; j < nd; j++) {
-        const float *pj = p + ((size_t)s * (size_t)(k_max + 1) + (size_t)j) * (size_t)V;
+        const float *pj = p + (r0 + (size_t)j) * (size_t)V;
         const float *qj = q ? q + ((size_t)s * (size_t)k_max + (size_t)j) * (size_t)V : nullptr;
         const int32_t x = d[j], P = pos0[s] + j;
         const bool ok = x >= 0 && x < V;
         const double px = ok ? (double)pj[x] : 0.0;
         const double qx = ok ? (qj ? (double)qj[x] : 1.0) : 1.0;
-        const double u = kn_philox_uniform(sd, P, 0);
+        const double u = us ? us[j] : kn_philox_uniform(sd, P, 0);
         if (px > 0.0 && (qx <= 0.0 || u * qx < px)) {
             if (tid == 0) out[j] = x;
             continue;
         }
-        const double u2 = kn_philox_uniform(sd, P, 1);
+        const double u2 = us ? us[j + 1] : kn_philox_uniform(sd, P, 1);
         double total;
         int32_t tok = block_draw(sh, ResidualW{pj, qj, x}, V, u2, &total);
         if (!(total > 0.0)) tok = block_draw(sh, ArrayW{pj}, V, u2, &total);
@@ -449,8 +465,8 @@ __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, cons
         return;
     }
     double total;
-    const float *pb = p + ((size_t)s * (size_t)(k_max + 1) + (size_t)nd) * (size_t)V;
-    const int32_t tok = block_draw(sh, ArrayW{pb}, V, kn_philox_uniform(sd, pos0[s] + nd, 0), &total);
+    const float *pb = p + (r0 + (size_t)nd) * (size_t)V;
+    const int32_t tok = block_draw(sh, ArrayW{pb}, V, us ? us[nd] : kn_philox_uniform(sd, pos0[s] + nd, 0), &total);
     if (tid == 0) {
         out[nd] = tok;
         n_accepted[s] = nd;
@@ -473,8 +489,9 @@ extern "C" size_t kn_sample_scratch_bytes(int32_t n_rows, int32_t vocab) {
 }
 
 extern "C" int kn_sample(const float *logits, const kn_sample_params *params, const int32_t *hist,
-                         const int32_t *suppress, int32_t n_rows, int32_t vocab, int32_t *out_token, float *out_probs,
-                         void *scratch, size_t scratch_bytes, void *stream) {
+                         const int32_t *suppress, const int32_t *bias_ids, const float *bias, int32_t n_rows,
+                         int32_t vocab, int32_t *out_token, float *out_probs, void *scratch, size_t scratch_bytes,
+                         void *stream) {
     if (n_rows < 0 || vocab <= 0) return (int)cudaErrorInvalidValue;
     if (n_rows == 0) return 0;
     if (!logits || !params || !scratch || scratch_bytes < kn_sample_scratch_bytes(n_rows, vocab))
@@ -482,22 +499,22 @@ extern "C" int kn_sample(const float *logits, const kn_sample_params *params, co
     const size_t plane = round256((size_t)n_rows * (size_t)vocab * 4);
     char *sc = (char *)scratch;
     kn_sample_kernel<<<(unsigned)n_rows, kT, 0, (cudaStream_t)stream>>>(
-        logits, params, hist, suppress, vocab, out_token, out_probs, (float *)sc, (float *)(sc + plane),
+        logits, params, hist, suppress, bias_ids, bias, vocab, out_token, out_probs, (float *)sc, (float *)(sc + plane),
         (uint32_t *)(sc + 2 * plane));
     return (int)cudaGetLastError();
 }
 
 extern "C" int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
                               const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed,
-                              const int32_t *pos0, int32_t n_seqs, int32_t k_max, int32_t vocab, int32_t *n_accepted,
-                              int32_t *out_tokens, void *stream) {
+                              const int32_t *pos0, const int32_t *row0, const double *u, int32_t n_seqs,
+                              int32_t k_max, int32_t vocab, int32_t *n_accepted, int32_t *out_tokens, void *stream) {
     if (n_seqs < 0 || k_max < 0 || vocab <= 0) return (int)cudaErrorInvalidValue;
     if (n_seqs == 0) return 0;
     if ((k_max > 0 && !draft) || !n_draft || !greedy || !seed || !pos0 || !n_accepted || !out_tokens)
         return (int)cudaErrorInvalidValue;
     if (!p && !target_tok) return (int)cudaErrorInvalidValue;
     kn_spec_verify_kernel<<<(unsigned)n_seqs, kT, 0, (cudaStream_t)stream>>>(
-        p, q, target_tok, draft, n_draft, greedy, seed, pos0, k_max, vocab, n_accepted, out_tokens);
+        p, q, target_tok, draft, n_draft, greedy, seed, pos0, row0, u, k_max, vocab, n_accepted, out_tokens);
     return (int)cudaGetLastError();
 }
 

@@ -10,6 +10,11 @@
  * softmax, top-p (sorted by probability desc then id asc, kept while the mass
  * before is < top_p), min-p, softmax; then one inverse-CDF draw in id order
  * with u = kn_philox_uniform(seed, pos, 0) (kernels/kn_philox.h). The sums run
+ * (Steps 3b / 3c of sampler.h, logit_bias and the test-only forced id, run
+ * after the penalties as on the CPU: bias entries added in list order by one
+ * thread, so duplicate ids accumulate in the CPU's order.) The uniform is
+ * the host's when params.use_u != 0 (params.u: the request's own RNG stream,
+ * so a seed gives the CPU backend's tokens), else Philox. The sums run
  * in double in an order fixed by the vocabulary size (not the CPU's
  * sequential order), so a probability may differ from sampler_probs in its
  * last bits: a draw can differ only when u lands within ~1e-15 of a cumulative
@@ -60,6 +65,12 @@ typedef struct kn_sample_params {
     int32_t n_output;
     int32_t supp_off;         /* into `suppress`: n_suppress ids forced to -inf */
     int32_t n_suppress;
+    int32_t bias_off;         /* into `bias_ids` / `bias`: logit[id] += bias (OpenAI logit_bias) */
+    int32_t n_bias;
+    int32_t forced_on;        /* != 0: every logit but forced_id -> -inf, forced_id's -> 0 (sampler.h 3c) */
+    int32_t forced_id;        /* in [0, vocab) when forced_on */
+    int32_t use_u;            /* != 0: the draw uses u instead of kn_philox_uniform(seed, pos, 0) */
+    double u;                 /* [0, 1): the host's uniform */
 } kn_sample_params;
 
 /* Scratch bytes of kn_sample: three [n_rows, vocab] planes (f32 logits,
@@ -67,19 +78,23 @@ typedef struct kn_sample_params {
 size_t kn_sample_scratch_bytes(int32_t n_rows, int32_t vocab);
 
 /* logits: device f32 [n_rows, vocab]; params: device [n_rows]; hist,
- * suppress: device int32 id lists the params index (may be NULL when every
- * count is 0). out_token: device int32 [n_rows] (the greedy argmax, or the
+ * suppress, bias_ids (int32) and bias (f32): device lists the params index
+ * (may be NULL when every count is 0). out_token: device int32 [n_rows] (the greedy argmax, or the
  * draw) or NULL (no draw); out_probs: device f32 [n_rows, vocab] receives the
  * processed distribution (one-hot for greedy) or NULL. Ids outside [0, vocab)
- * in hist / suppress are ignored (as the CPU does). */
+ * in hist / suppress / bias_ids are ignored (as the CPU does). out_probs may
+ * be logits itself (a CTA reads its row of logits once, into the scratch,
+ * before it writes any probability): the processed distribution then
+ * replaces the raw logits in place. */
 int kn_sample(const float *logits, const kn_sample_params *params, const int32_t *hist, const int32_t *suppress,
-              int32_t n_rows, int32_t vocab, int32_t *out_token, float *out_probs, void *scratch,
-              size_t scratch_bytes, void *stream);
+              const int32_t *bias_ids, const float *bias, int32_t n_rows, int32_t vocab, int32_t *out_token,
+              float *out_probs, void *scratch, size_t scratch_bytes, void *stream);
 
 /* Chain verification of k_max-wide draft blocks (see above).
  *  p           device f32 [n_seqs, k_max + 1, vocab]: processed target rows
  *              (may be NULL when every sequence is greedy: a NULL p makes
- *              every sequence greedy)
+ *              every sequence greedy); with row0: f32 [*, vocab], sequence
+ *              s's rows at row0[s] .. row0[s] + n_draft[s]
  *  q           device f32 [n_seqs, k_max, vocab] draft distributions, or NULL
  *              (one-hot drafts: argmax drafting)
  *  target_tok  device int32 [n_seqs, k_max + 1]: each row's argmax (used by
@@ -90,13 +105,20 @@ int kn_sample(const float *logits, const kn_sample_params *params, const int32_t
  *  greedy      device u8 [n_seqs] (1 = greedy); seed device u64 [n_seqs];
  *              pos0 device int32 [n_seqs] = absolute position of row 0's
  *              output token (m + 1 for x_m at m)
+ *  row0        device int32 [n_seqs] or NULL: sequence s's first row of p
+ *              and target_tok (NULL: s * (k_max + 1))
+ *  u           device f64 [n_seqs, k_max + 2] or NULL (Philox): the host's
+ *              uniforms, consumed in the CPU's order: draft j's accept test
+ *              u[j], its rejection's replacement u[j + 1], the bonus u[n_draft]
+ *              (what sampler_accept / sampler_sample draw from the request's
+ *              RNG in spec_verify_seq)
  * Outputs: n_accepted device int32 [n_seqs]; out_tokens device int32
  * [n_seqs, k_max + 1], entries 0..n_accepted (accepted drafts, then the
  * correction or bonus token). */
 int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
                    const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0,
-                   int32_t n_seqs, int32_t k_max, int32_t vocab, int32_t *n_accepted, int32_t *out_tokens,
-                   void *stream);
+                   const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t vocab,
+                   int32_t *n_accepted, int32_t *out_tokens, void *stream);
 
 /* out[i] = kn_philox_uniform(seed[i], pos[i], draw[i]) computed on the
  * device (the host/device identity check). All device arrays of n. */

@@ -232,7 +232,8 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                       .max_len = (int32_t)max_len,
                       .block_size = cfg->block_size > 0 ? cfg->block_size : 16,
                       .max_heads = (int32_t)d.n_heads,
-                      .max_head_dim = (int32_t)d.head_dim};
+                      .max_head_dim = (int32_t)d.head_dim,
+                      .sample_vocab = (int32_t)d.vocab}; /* the device sampler's staging + scratch, carved at create */
     draft_dims dd = {0};
     b->draft_why[0] = '\0';
     if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */

@@ -179,6 +179,39 @@ typedef struct bk_attn_meta {
     void *dev;                           /* backend-private device copy, or NULL */
 } bk_attn_meta;
 
+/* One row of device sampling: the processing of engine/runtime/sampler.h
+ * (steps 1-8) with the request's parameters and history, as host arrays
+ * (the backend stages them). The draw uses u, a uniform the host drew from
+ * the request's own RNG stream (sampler_rng_uniform), so a seed gives the
+ * same tokens on every backend; greedy rows (temperature < 1e-5) ignore it. */
+typedef struct bk_sample_row {
+    float temperature, top_p, min_p;
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    int32_t top_k;
+    int32_t forced;                   /* >= 0: sampler.h step 3c (test-only forced id); -1 none */
+    const int32_t *hist;              /* [n_prompt + n_output]: prompt ids, then output ids (penalties) */
+    int32_t n_prompt, n_output;
+    const int32_t *suppress;          /* [n_suppress] ids forced to -inf (min_tokens) */
+    int32_t n_suppress;
+    const int32_t *bias_ids;          /* [n_bias] OpenAI logit_bias */
+    const float *bias;
+    int32_t n_bias;
+    double u;                         /* [0, 1) */
+} bk_sample_row;
+
+/* A speculative chain to verify in bk_ops.sample: rows row0 .. row0 + n_draft
+ * of the logits are the target at x_m and after each draft; row j's
+ * bk_sample_row carries that row's history (drafts 1..j appended). Greedy:
+ * accept draft j iff it is row j's argmax; sampling (one-hot drafts, q =
+ * NULL): sampler_accept's rule with u[j] (test) and u[j + 1] (replacement),
+ * the bonus with u[n_draft] (the uniforms the host would draw, in order). */
+typedef struct bk_verify_seq {
+    int32_t row0, n_draft;            /* n_draft in [0, 15] */
+    const int32_t *draft;             /* [n_draft] target ids */
+    bool greedy;
+    const double *u;                  /* [n_draft + 2], unused when greedy */
+} bk_verify_seq;
+
 /* The ops. Activations are bk_tensor f32 [T, dim] (T = tokens of the call,
  * x->rows); unless stated otherwise an output must not alias an input.
  * Ops returning int return 0, or -1 on failure (allocation, a device error,
@@ -257,6 +290,20 @@ typedef struct bk_ops {
     /* Per-step metadata copy (see bk_attn_meta.dev); no-ops on host-visible backends. */
     int (*meta_upload)(void *ctx, bk_attn_meta *m);
     void (*meta_release)(void *ctx, bk_attn_meta *m);
+
+    /* --- sampling on the backend (optional: NULL on host-visible backends,
+     * where the engine samples the logits in place with the host sampler,
+     * zero copies). logits f32 [n_rows, vocab] in backend memory, CONSUMED:
+     * the rows may be overwritten (processed distributions). Rows that are
+     * not in a verify chain get a token in ids[r] (ids host [n_rows]; chain
+     * rows' entries are left unspecified). Chains: n_accepted[c] (host
+     * [n_verify]) and out_tokens[c * 16 + 0 .. n_accepted[c]] (host
+     * [n_verify, 16]: accepted drafts then the correction / bonus). The only
+     * device -> host traffic is those ids and counts (4 bytes each); what the
+     * host stages is the rows' parameters, histories, lists and uniforms. */
+    int (*sample)(void *ctx, const bk_tensor *logits, const bk_sample_row *rows, int32_t n_rows,
+                  const bk_verify_seq *verify, int32_t n_verify, int32_t *ids, int32_t *n_accepted,
+                  int32_t *out_tokens);
 } bk_ops;
 
 typedef struct backend {

@@ -25,6 +25,21 @@
  * also reads the two flags when a launch since the last download could have
  * set them, so a bad id on the device fails the step that produced it.
  *
+ * Sampling (cu_sample, bk_ops.sample). The host's row descriptions (kn_sample
+ * params, histories, min_tokens suppress lists, logit_bias, uniforms, the
+ * chains' drafts) are packed into one pinned staging buffer and go up in ONE
+ * copy to its device mirror; kn_sample runs in chunks of CU_SAMPLE_CHUNK rows
+ * over a fixed scratch (3 x [32, vocab] floats), writing the processed
+ * distributions over the consumed logits when a chain samples; kn_spec_verify
+ * reads them in place (row0 = each chain's first row); ONE download brings
+ * back the ids [n_rows], the accepted counts and the chains' tokens. The
+ * staging, its mirror and the scratch are carved at create when
+ * opts.sample_vocab is set (counted by bk_cuda_fixed_bytes: 12 x 32 x vocab
+ * bytes of scratch, ~5 MiB of staging with its 2^20 history ids), else by the
+ * first step that samples; they only grow (the staging doubles when a step's
+ * histories outgrow it), never per step otherwise.
+ * The stream sync of that download also retires the staging for reuse.
+ *
  * Errors: every CUDA call and launcher return is checked (CU_CHECK: logs
  * "file:line: call: error" via engine/util/log.h and returns -1); a step
  * beyond the create-time bounds fails with the bound named. Never abort().
@@ -69,6 +84,7 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
 #include "kernels/kn.h"
 #include "kernels/kn_attn.h"
 #include "kernels/kn_linear.h"
+#include "kernels/kn_sample.h"
 
 /* Checks a cuda* / kn_* return value inside a function returning int. */
 #define CU_CHECK(call)                                                                                  \
@@ -126,6 +142,12 @@ typedef struct cu_ctx {
     int32_t *d_flags;              /* [2]: bad embedding id, bad gather index */
     int32_t *h_flags;              /* pinned [2] */
     bool flags_pending;            /* a flagged launch since the last download */
+    /* sampling (cu_sample): grow-only, sized by the first steps that sample (then fixed) */
+    char *sm_h, *sm_d;             /* pinned staging / device mirror: inputs, then outputs */
+    size_t sm_cap;
+    float *sm_scratch;             /* kn_sample scratch for CU_SAMPLE_CHUNK rows of sm_vocab */
+    size_t sm_scratch_bytes;
+    int32_t sm_vocab;
     char name[256];
     char desc[512];
 } cu_ctx;
@@ -555,6 +577,195 @@ static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, 
     return 0;
 }
 
+/* ------------------------------------------------------------ sampling */
+
+#define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
+
+/* The staging carved at create when opts.sample_vocab > 0: a step of min(max_tokens, 16 max_seqs) rows,
+ * max_seqs chains of up to 15 drafts, CU_SAMPLE_HIST_IDS history ids and CU_SAMPLE_LIST_IDS suppress +
+ * logit_bias entries (a step needing more grows the staging then, or fails naming the arena). */
+#define CU_SAMPLE_HIST_IDS ((size_t)1 << 20)
+#define CU_SAMPLE_LIST_IDS ((size_t)1 << 16)
+static size_t cu_sample_base_bytes(const bk_cuda_opts *o) {
+    if (o->sample_vocab <= 0) return 0;
+    const size_t rows = (size_t)(o->max_tokens < 16 * o->max_seqs ? o->max_tokens : 16 * o->max_seqs);
+    const size_t ch = (size_t)o->max_seqs;
+    return rows * sizeof(kn_sample_params) + 4 * CU_SAMPLE_HIST_IDS + 12 * CU_SAMPLE_LIST_IDS +
+           ch * (15 * 4 + 4 + 1 + 8 + 4 + 4 + 17 * 8) + (rows + ch * 17) * 4 + 13 * 8; /* + alignment of 13 regions */
+}
+
+/* Grows the sampling staging (pinned + device, `bytes` each; doubling unless exact) and the scratch for `vocab`. */
+static int cu_sample_reserve(cu_ctx *c, size_t bytes, int32_t vocab, bool exact) {
+    if (bytes > c->sm_cap) {
+        size_t cap = c->sm_cap ? c->sm_cap : 4096;
+        while (cap < bytes) cap *= 2;
+        if (exact) cap = bytes;
+        if (c->sm_h) CU_CHECK(cudaFreeHost(c->sm_h));
+        if (c->sm_d) cu_buf_free(c, c->sm_d);
+        c->sm_h = NULL, c->sm_cap = 0;
+        void *h = NULL;
+        CU_CHECK(cudaMallocHost(&h, cap));
+        c->sm_h = h;
+        c->sm_d = cu_buf_alloc(c, cap);
+        CU_REQUIRE(c->sm_d, "sample: no arena room for %zu bytes of sampling inputs", cap);
+        c->sm_cap = cap;
+    }
+    const size_t sb = kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, vocab);
+    if (sb > c->sm_scratch_bytes) {
+        if (c->sm_scratch) cu_buf_free(c, c->sm_scratch);
+        c->sm_scratch_bytes = 0;
+        c->sm_scratch = cu_buf_alloc(c, sb);
+        CU_REQUIRE(c->sm_scratch, "sample: no arena room for %zu bytes of sampler scratch", sb);
+        c->sm_scratch_bytes = sb;
+    }
+    c->sm_vocab = vocab;
+    return 0;
+}
+
+static size_t cu_al8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* The staging layout (offsets into sm_h / sm_d), inputs then outputs. */
+typedef struct cu_sample_layout {
+    size_t prm, hist, supp, bias_ids, bias, draft, n_draft, greedy, seed, pos0, row0, u; /* inputs */
+    size_t out, in_bytes, total;                                                        /* outputs */
+    int32_t k_max, n_hist, n_supp, n_bias;
+} cu_sample_layout;
+
+static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, const bk_verify_seq *vs, int32_t nv) {
+    cu_sample_layout L = {0};
+    const int32_t *last_h = NULL;
+    int32_t last_len = 0, last_np = -1;
+    for (int32_t r = 0; r < n; r++) { /* histories counted as cu_sample stages them (a chain's once) */
+        const int32_t nh = rows[r].n_prompt + rows[r].n_output;
+        if (nh && rows[r].hist == last_h && rows[r].n_prompt == last_np) {
+            if (nh > last_len) L.n_hist += nh - last_len, last_len = nh;
+        } else if (nh) {
+            L.n_hist += nh, last_h = rows[r].hist, last_len = nh, last_np = rows[r].n_prompt;
+        }
+        L.n_supp += rows[r].n_suppress;
+        L.n_bias += rows[r].n_bias;
+    }
+    for (int32_t v = 0; v < nv; v++) if (vs[v].n_draft > L.k_max) L.k_max = vs[v].n_draft;
+    const size_t V = (size_t)nv, K = (size_t)L.k_max;
+    size_t o = 0;
+    L.prm = o, o = cu_al8(o + (size_t)n * sizeof(kn_sample_params));
+    L.hist = o, o = cu_al8(o + (size_t)L.n_hist * 4);
+    L.supp = o, o = cu_al8(o + (size_t)L.n_supp * 4);
+    L.bias_ids = o, o = cu_al8(o + (size_t)L.n_bias * 4);
+    L.bias = o, o = cu_al8(o + (size_t)L.n_bias * 4);
+    L.draft = o, o = cu_al8(o + V * K * 4);
+    L.n_draft = o, o = cu_al8(o + V * 4);
+    L.greedy = o, o = cu_al8(o + V);
+    L.seed = o, o = cu_al8(o + V * 8);
+    L.pos0 = o, o = cu_al8(o + V * 4);
+    L.row0 = o, o = cu_al8(o + V * 4);
+    L.u = o, o = cu_al8(o + V * (K + 2) * 8);
+    L.in_bytes = o;
+    L.out = o, o = cu_al8(o + ((size_t)n + V + V * (K + 1)) * 4); /* ids [n] | n_accepted [nv] | tokens [nv, K+1] */
+    L.total = o;
+    return L;
+}
+
+/* kn_sample over every row (in chunks of CU_SAMPLE_CHUNK on a fixed scratch), the
+ * processed distributions written over the logits when a chain samples, then
+ * kn_spec_verify over the chains; ONE upload of everything the host staged and
+ * ONE download of the ids and counts. */
+static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *rows, int32_t n_rows,
+                     const bk_verify_seq *vs, int32_t n_verify, int32_t *ids, int32_t *n_accepted,
+                     int32_t *out_tokens) {
+    cu_ctx *c = vctx;
+    const int64_t V = logits->cols;
+    CU_REQUIRE(logits->dtype == BK_F32 && logits->rows >= n_rows && n_rows >= 0 && n_verify >= 0 && V > 0 &&
+                   V <= INT32_MAX,
+               "sample: logits [%lld, %lld] for %d rows", (long long)logits->rows, (long long)V, n_rows);
+    if (n_rows == 0) return 0;
+    for (int32_t v = 0; v < n_verify; v++)
+        CU_REQUIRE(vs[v].n_draft >= 0 && vs[v].n_draft <= 15 && vs[v].row0 >= 0 &&
+                       vs[v].row0 + vs[v].n_draft < n_rows && (vs[v].greedy || vs[v].u),
+                   "sample: verify chain %d (rows %d + %d drafts of %d, %s)", v, vs[v].row0, vs[v].n_draft, n_rows,
+                   vs[v].greedy ? "greedy" : "sampling");
+    if (cu_bind(c) < 0) return -1;
+    const cu_sample_layout L = cu_sample_plan(rows, n_rows, vs, n_verify);
+    if (cu_sample_reserve(c, L.total, (int32_t)V, false) < 0) return -1;
+    char *h = c->sm_h, *d = c->sm_d;
+    kn_sample_params *P = (kn_sample_params *)(h + L.prm);
+    int32_t *hist = (int32_t *)(h + L.hist), *supp = (int32_t *)(h + L.supp), *bid = (int32_t *)(h + L.bias_ids);
+    float *bv = (float *)(h + L.bias);
+    int32_t oh = 0, os = 0, ob = 0;
+    bool any_sampling = false;
+    /* a chain's rows share one history (row j = row 0's plus j drafts): staged once, extended in place */
+    const int32_t *last_h = NULL;
+    int32_t last_off = 0, last_len = 0, last_np = -1;
+    for (int32_t r = 0; r < n_rows; r++) {
+        const bk_sample_row *x = &rows[r];
+        const int32_t nh = x->n_prompt + x->n_output;
+        int32_t hoff = oh;
+        if (nh && x->hist == last_h && x->n_prompt == last_np && oh == last_off + last_len) {
+            hoff = last_off;
+            if (nh > last_len) memcpy(hist + oh, x->hist + last_len, (size_t)(nh - last_len) * 4), oh += nh - last_len;
+            if (nh > last_len) last_len = nh;
+        } else if (nh) {
+            memcpy(hist + oh, x->hist, (size_t)nh * 4);
+            last_h = x->hist, last_off = oh, last_len = nh, last_np = x->n_prompt;
+            oh += nh;
+        }
+        P[r] = (kn_sample_params){.temperature = x->temperature, .top_p = x->top_p, .top_k = x->top_k,
+                                  .min_p = x->min_p, .presence_penalty = x->presence_penalty,
+                                  .frequency_penalty = x->frequency_penalty,
+                                  .repetition_penalty = x->repetition_penalty, .pos = 0, .seed = 0,
+                                  .hist_off = hoff, .n_prompt = x->n_prompt, .n_output = x->n_output,
+                                  .supp_off = os, .n_suppress = x->n_suppress, .bias_off = ob, .n_bias = x->n_bias,
+                                  .forced_on = x->forced >= 0, .forced_id = x->forced >= 0 ? x->forced : 0,
+                                  .use_u = 1, .u = x->u};
+        if (x->n_suppress) memcpy(supp + os, x->suppress, (size_t)x->n_suppress * 4);
+        if (x->n_bias) memcpy(bid + ob, x->bias_ids, (size_t)x->n_bias * 4), memcpy(bv + ob, x->bias, (size_t)x->n_bias * 4);
+        os += x->n_suppress, ob += x->n_bias;
+    }
+    const int32_t K = L.k_max;
+    for (int32_t v = 0; v < n_verify; v++) {
+        int32_t *dr = (int32_t *)(h + L.draft) + (size_t)v * K;
+        for (int32_t j = 0; j < K; j++) dr[j] = j < vs[v].n_draft ? vs[v].draft[j] : -1;
+        ((int32_t *)(h + L.n_draft))[v] = vs[v].n_draft;
+        ((uint8_t *)(h + L.greedy))[v] = vs[v].greedy ? 1 : 0;
+        ((uint64_t *)(h + L.seed))[v] = 0;
+        ((int32_t *)(h + L.pos0))[v] = 0;
+        ((int32_t *)(h + L.row0))[v] = vs[v].row0;
+        double *u = (double *)(h + L.u) + (size_t)v * (K + 2);
+        for (int32_t j = 0; j < K + 2; j++) u[j] = !vs[v].greedy && j < vs[v].n_draft + 2 ? vs[v].u[j] : 0.0;
+        any_sampling |= !vs[v].greedy;
+    }
+    CU_CHECK(cudaMemcpyAsync(d, h, L.in_bytes, cudaMemcpyHostToDevice, c->stream));
+    float *lg = logits->data;
+    int32_t *d_ids = (int32_t *)(d + L.out);
+    for (int32_t r0 = 0; r0 < n_rows; r0 += CU_SAMPLE_CHUNK) {
+        const int32_t nr = n_rows - r0 < CU_SAMPLE_CHUNK ? n_rows - r0 : CU_SAMPLE_CHUNK;
+        float *lr = lg + (size_t)r0 * (size_t)V;
+        CU_CHECK(kn_sample(lr, (const kn_sample_params *)(d + L.prm) + r0, (const int32_t *)(d + L.hist),
+                           (const int32_t *)(d + L.supp), (const int32_t *)(d + L.bias_ids),
+                           (const float *)(d + L.bias), nr, (int32_t)V, d_ids + r0, any_sampling ? lr : NULL,
+                           c->sm_scratch, c->sm_scratch_bytes, c->stream));
+    }
+    int32_t *d_acc = d_ids + n_rows, *d_tok = d_acc + n_verify;
+    if (n_verify > 0)
+        CU_CHECK(kn_spec_verify(any_sampling ? lg : NULL, NULL, d_ids, (const int32_t *)(d + L.draft),
+                                (const int32_t *)(d + L.n_draft), (const uint8_t *)(d + L.greedy),
+                                (const uint64_t *)(d + L.seed), (const int32_t *)(d + L.pos0),
+                                (const int32_t *)(d + L.row0), (const double *)(d + L.u), n_verify, K, (int32_t)V,
+                                d_acc, d_tok, c->stream));
+    const size_t out_bytes = ((size_t)n_rows + (size_t)n_verify * (size_t)(K + 2)) * 4;
+    int32_t *ho = (int32_t *)(h + L.out);
+    if (cu_download(c, ho, d_ids, out_bytes) < 0) return -1;
+    memcpy(ids, ho, (size_t)n_rows * 4);
+    for (int32_t v = 0; v < n_verify; v++) {
+        const int32_t a = ho[n_rows + v];
+        CU_REQUIRE(a >= 0 && a <= vs[v].n_draft, "sample: verify chain %d: %d accepted of %d drafts", v, a,
+                   vs[v].n_draft);
+        n_accepted[v] = a;
+        memcpy(out_tokens + (size_t)v * 16, ho + n_rows + n_verify + (size_t)v * (K + 1), (size_t)(a + 1) * 4);
+    }
+    return 0;
+}
+
 static const bk_ops CUDA_OPS = {
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -576,6 +787,7 @@ static const bk_ops CUDA_OPS = {
     .weight_place = cu_weight_place,
     .meta_upload = cu_meta_upload,
     .meta_release = cu_meta_release,
+    .sample = cu_sample,
 };
 
 /* ------------------------------------------------------------ create / destroy */
@@ -589,8 +801,11 @@ static size_t cu_scratch_need(const bk_cuda_opts *o) {
 size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {
     if (o->block_size <= 0 || o->max_len <= 0 || o->max_tokens <= 0 || o->max_seqs <= 0) return 0;
     const size_t T = (size_t)o->max_tokens;
+    const size_t sampling = o->sample_vocab > 0 ? cu_round(cu_sample_base_bytes(o)) +
+                                                      cu_round(kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, o->sample_vocab))
+                                                : 0;
     return 2 * cu_round(T * 4) + cu_round((size_t)o->max_seqs * (size_t)cu_bt_cap(o) * 4) + cu_round(T * T) +
-           cu_round(cu_scratch_need(o)) + CU_ALIGN;
+           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling;
 }
 
 int bk_cuda_probe(int dev, char *why, size_t why_len) { return kn_probe(dev, why, why_len); }
@@ -658,6 +873,9 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
         return specd_err_set(err, "arena of %zu bytes cannot hold the backend's own %zu bytes (metadata, %zu bytes "
                                   "of attention scratch)",
                              c->arena_bytes, bk_cuda_fixed_bytes(o), c->scratch_bytes);
+    if (o->sample_vocab > 0 && cu_sample_reserve(c, cu_sample_base_bytes(o), o->sample_vocab, true) < 0)
+        return specd_err_set(err, "arena of %zu bytes cannot hold the sampler's staging and scratch (%zu bytes)",
+                             c->arena_bytes, bk_cuda_fixed_bytes(o));
     CREATE_CHECK(cudaMemsetAsync(c->d_flags, 0, 2 * sizeof(int32_t), c->stream));
     CREATE_CHECK(cudaStreamSynchronize(c->stream));
 #undef CREATE_CHECK
@@ -711,6 +929,7 @@ void bk_cuda_destroy(backend *b) {
     if (c->meta_ev) cudaEventDestroy(c->meta_ev);
     if (c->stage) cudaFreeHost(c->stage);
     if (c->h_pos) cudaFreeHost(c->h_pos);
+    if (c->sm_h) cudaFreeHost(c->sm_h);
     if (c->arena) cudaFree(c->arena);
     free(c->free_list);
     free(c->live);

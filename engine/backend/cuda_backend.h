@@ -38,6 +38,9 @@ typedef struct bk_cuda_opts {
     int32_t max_heads;       /* query heads of an attention call (scratch) */
     int32_t max_head_dim;    /* head_dim of an attention call (scratch); <= KN_ATTN_MAX_HEAD_DIM */
     size_t staging_bytes;    /* pinned host staging for weight uploads; 0 = 64 MiB */
+    int32_t sample_vocab;    /* vocabulary of the logits bk_ops.sample sees: its scratch and staging are
+                                carved at create (and counted by bk_cuda_fixed_bytes); 0 = carved by the
+                                first step that samples (then an arena the KV filled can refuse it) */
 } bk_cuda_opts;
 
 /* Device memory the backend carves for itself out of the arena for opts

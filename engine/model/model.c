@@ -237,14 +237,16 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
  * all-gathered rank-major ([N, n, V/N]) and interleaved into [n, V] on the
  * host. */
 int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, specd_err *err) {
-    if (b->n_out <= 0 || (!b->logits && !b->final_hidden)) return 0;
+    const bool dev_logits = !b->logits && b->logits_dev && !m->be->host_visible;
+    if (b->n_out <= 0 || (!b->logits && !b->final_hidden && !dev_logits)) return 0;
     const bk_ops *op = m->be->ops;
     void *bx = m->be->ctx;
     const bool hv = m->be->host_visible, split = m->vocab_split && m->tp_size > 1;
+    if (dev_logits && split) return specd_err_set(err, "device logits with a vocabulary-parallel LM head");
     const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab, Vl = m->vocab_l, N = m->tp_size;
     /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N],
      * each region on a 64-byte boundary */
-    const size_t lg_floats = !b->logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) + 16 : hv ? 0 : (size_t)n * V;
+    const size_t lg_floats = !b->logits && !dev_logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) + 16 : hv ? 0 : (size_t)n * V;
     const size_t n_pad = ((size_t)n + 15) & ~(size_t)15, xn_pad = ((size_t)n * H + 15) & ~(size_t)15;
     float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, n_pad + xn_pad + lg_floats + 16);
     if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
@@ -259,11 +261,15 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
         goto dev_fail;
     if (b->final_hidden && op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n * H) < 0)
         goto dev_fail;
-    if (!b->logits) return 0;
+    if (!b->logits && !dev_logits) return 0;
     float *lw = w + n_pad + xn_pad;
     if (!split) {
         bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(lw, n, V);
         if (op->matmul(bx, &m->lm_head, &xn, &lg)) return specd_err_set(err, "LM head matmul failed");
+        if (dev_logits) {
+            *b->logits_dev = lg; /* stays on the device: the caller samples it there */
+            return 0;
+        }
         if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n * V) < 0) goto dev_fail;
         return 0;
     }
@@ -285,6 +291,10 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     return 0;
 dev_fail:
     return specd_err_set(err, "%s backend: output rows failed", m->be->name);
+}
+
+bool model_logits_on_device(const model *m) {
+    return !m->be->host_visible && m->be->ops->sample && !(m->vocab_split && m->tp_size > 1);
 }
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }

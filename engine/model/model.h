@@ -115,7 +115,14 @@ int64_t model_kv_bytes_per_token(const model *m);
  *   final_hidden  f32 [n_out, H]     post-final-norm hidden state of those tokens
  *   aux           f32 [n_tokens, n_aux * H]  residual stream ENTERING layers
  *                 aux_layers[0..n_aux) (EAGLE-3 capture; REFERENCE §2), for
- *                 every token of the batch, concatenated in the given order. */
+ *                 every token of the batch, concatenated in the given order.
+ *   logits_dev    instead of logits, on a backend that is not host-visible:
+ *                 *logits_dev receives the backend tensor f32 [n_out, vocab]
+ *                 (the model's output workspace, valid until the next
+ *                 forward) and nothing is downloaded; the caller samples it
+ *                 there (bk_ops.sample) and downloads only the rows it needs.
+ *                 Ignored (NULL ok) when logits is set or the backend is
+ *                 host-visible. */
 typedef struct model_batch {
     int32_t n_tokens;
     const int32_t *tokens;                /* [n_tokens] */
@@ -128,12 +135,17 @@ typedef struct model_batch {
     const int32_t *out_idx;               /* [n_out] token indices whose outputs are wanted */
     float *logits;
     float *final_hidden;
+    bk_tensor *logits_dev;
     int32_t n_aux;
     const int32_t *aux_layers;
     float *aux;
 } model_batch;
 
 int model_forward(model *m, const model_batch *b, specd_err *err);
+/* True when model_batch.logits_dev works for m: its backend is not
+ * host-visible, samples (bk_ops.sample) and the LM head is not split by
+ * vocabulary (tensor parallelism gathers it on the host). */
+bool model_logits_on_device(const model *m);
 
 /* The embedding and LM head, for a draft head that shares them (EAGLE-3). */
 /* Host memory views even when the model runs on a device backend (the GGUF /

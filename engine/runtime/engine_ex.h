@@ -36,6 +36,15 @@ typedef struct engine_runner {
      * tests pass a virtual clock that only their fake forward advances, so
      * the costs they set are exactly the costs the engine sees. */
     double (*now)(void *ctx);
+    /* Optional: sampling on the device. When set, forward is called with
+     * model_batch.logits = NULL and .logits_dev set (the logits stay in this
+     * backend's memory), the engine samples and verifies them there with
+     * bk_ops.sample and downloads only the ids and accepted counts, plus the
+     * raw rows a request needs on the host (logprobs, prompt logprobs, and
+     * speculative chains of sampling requests whose draft gave q rows).
+     * NULL: logits downloaded (or in place on host-visible backends) and
+     * sampled on the host. engine_create sets it when model_logits_on_device. */
+    backend *sample_be;
 } engine_runner;
 
 /* Incremental detokenizer (tok_stream semantics: only final UTF-8 bytes out). */

@@ -85,6 +85,11 @@ typedef struct sched_seq {
     int32_t draft[16];            /* this step's draft tokens (target ids) */
     int32_t n_draft;              /* drafts verified this step (sched_new = 1 + n_draft) */
     const float *draft_q;         /* [n_draft, vocab] draft distributions, NULL = one-hot */
+    /* device sampling (scheduler.c device_sample, runner.sample_be): this step's results */
+    bool dev_sampled;             /* the tokens below replace host sampling this step */
+    int32_t dev_tok;              /* plain row: the sampled token */
+    int32_t dev_acc;              /* verify: drafts accepted */
+    int32_t dev_out[16];          /* verify: tokens 0..dev_acc (accepted drafts, correction / bonus) */
 
     double t_submit;              /* monotonic seconds */
     int32_t error_status;         /* copied to engine_output.error_status when it finishes with an error */
@@ -112,6 +117,13 @@ struct engine {
     const int32_t **b_tables;
     size_t cap_batch, cap_seqs;
     float *logits; size_t cap_logits_rows;
+    /* device sampling (runner.sample_be): the step's logits on the device, and
+     * grow-only host arrays describing its rows (bk_sample_row / bk_verify_seq) */
+    bk_tensor logits_dev;
+    bk_sample_row *ds_rows; int32_t *ds_ids; size_t cap_ds_rows;
+    bk_verify_seq *ds_vs; int32_t *ds_acc, *ds_vtok; sched_seq **ds_vseq; size_t cap_ds_vs;
+    double *ds_u; size_t cap_ds_u;
+    int32_t *ds_hist; size_t cap_ds_hist;             /* chains' histories with drafts appended */
     float *prob;                                          /* [vocab] scratch */
     /* speculative decoding (spec.c); all empty without a proposer */
     int32_t n_aux;                                        /* aux layers the proposer wants */

@@ -208,6 +208,14 @@ void engine_destroy(engine *e) {
     free(e->p_q);
     free(e->aux_pool);
     free(e->aux_gather);
+    free(e->ds_rows);
+    free(e->ds_ids);
+    free(e->ds_vs);
+    free(e->ds_acc);
+    free(e->ds_vtok);
+    free(e->ds_vseq);
+    free(e->ds_u);
+    free(e->ds_hist);
     sampler_work_destroy(e->sw);
     kv_destroy(e->kv);
     pthread_mutex_destroy(&e->mu);

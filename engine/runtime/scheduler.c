@@ -24,6 +24,18 @@
  *    sequence per step; finished and aborted sequences free their blocks in
  *    the same step.
  *
+ * Sampling on the device (runner.sample_be, a backend that is not
+ * host-visible): the forward leaves the logits on the device; run_batch puts
+ * the rows sampled there first (plan_out_rows), then the raw rows only the
+ * host reads (prompt logprobs, chains of sampling requests whose draft gave
+ * q rows); device_sample downloads those, describes every other row
+ * (parameters, history, min_tokens mask, logit_bias, and the uniform drawn
+ * from the request's own RNG exactly as sampler_sample / sampler_accept would
+ * draw it) and makes ONE bk_ops.sample call; postprocess and spec_verify_seq
+ * then consume its ids / accepted counts instead of sampling. So a seed gives
+ * the same tokens on every backend, and only ids and counts cross the bus
+ * unless a request asked for logprobs.
+ *
  * Speculative decoding (spec.c): a decoding sequence with k > 0 reserves KV
  * for 1 + k positions here, all such sequences get their drafts from ONE
  * proposer call after scheduling, each contributes [x_m, d_1..d_k] with k + 1
@@ -240,6 +252,38 @@ static void schedule(engine *e) {
 
 /* ---------------------------------------------------------------- run */
 
+/* A sampling sequence verified with draft distributions (q rows) on a device-sampling engine: its
+ * chain is verified on the host over downloaded rows (kn_spec_verify takes q from the device, and
+ * the draft's q rows are on the host today). */
+static bool ds_on_host(const sched_seq *s) { return s->n_draft > 0 && !sampler_is_greedy(&s->sp) && s->draft_q; }
+
+/* Logits rows for S's prompt-logprob positions of this step (if any), from *n_out on. */
+static void plan_plp_rows(engine *e, sched_seq *s, size_t *n_out) {
+    if (!s->prompt_logprobs) return;
+    const size_t t0 = (size_t)s->sched_t0;
+    int32_t lo = s->n_computed > s->n_plp ? s->n_computed : s->n_plp;
+    int32_t hi = s->n_computed + s->sched_new;
+    if (hi > s->n_prompt - 1) hi = s->n_prompt - 1;
+    if (hi > lo) {
+        s->sched_plp_row = (int32_t)*n_out;
+        s->sched_plp_pos = lo;
+        s->sched_plp_n = hi - lo;
+        for (int32_t p = lo; p < hi; p++) e->b_out[(*n_out)++] = (int32_t)(t0 + (size_t)(p - s->n_computed));
+    }
+}
+
+/* S's sampling row (its last token, when it is the last known one), or its verify rows. */
+static void plan_out_rows(engine *e, sched_seq *s, size_t *n_out) {
+    const int32_t t0 = s->sched_t0;
+    if (s->n_draft > 0) { /* verify: a row for x_m and every draft */
+        s->sched_out = (int32_t)*n_out;
+        for (int32_t j = 0; j <= s->n_draft; j++) e->b_out[(*n_out)++] = t0 + j;
+    } else if (s->n_computed + s->sched_new == s->n_tokens) {
+        s->sched_out = (int32_t)*n_out;
+        e->b_out[(*n_out)++] = t0 + s->sched_new - 1;
+    }
+}
+
 static int run_batch(engine *e, specd_err *err) {
     size_t n_tok = 0;
     for (size_t i = 0; i < e->n_sched; i++) n_tok += (size_t)e->sched[i]->sched_new;
@@ -257,11 +301,13 @@ static int run_batch(engine *e, specd_err *err) {
     if (grow((void **)&e->b_tables, &e->cap_seqs, e->n_sched, sizeof *e->b_tables) != 0) goto oom;
 
     /* tokens of each sequence contiguous; logits rows: its prompt-logprob
-     * positions (if any), then its sampling row (if its last known token is in) */
+     * positions (if any), then its sampling row (if its last known token is in);
+     * with device sampling, every sequence's device-sampled rows first, then the
+     * rows the host reads */
     size_t t = 0, n_out = 0;
+    const bool dev = e->runner.sample_be != NULL;
     for (size_t i = 0; i < e->n_sched; i++) {
         sched_seq *s = e->sched[i];
-        size_t t0 = t;
         s->sched_t0 = (int32_t)t;
         e->b_tables[i] = s->kv.blocks;
         for (int32_t j = 0; j < s->sched_new; j++, t++) {
@@ -271,26 +317,19 @@ static int run_batch(engine *e, specd_err *err) {
             e->b_seq_of[t] = (int32_t)i;
         }
         s->sched_plp_n = 0;
-        if (s->prompt_logprobs) {
-            int32_t lo = s->n_computed > s->n_plp ? s->n_computed : s->n_plp;
-            int32_t hi = s->n_computed + s->sched_new;
-            if (hi > s->n_prompt - 1) hi = s->n_prompt - 1;
-            if (hi > lo) {
-                s->sched_plp_row = (int32_t)n_out;
-                s->sched_plp_pos = lo;
-                s->sched_plp_n = hi - lo;
-                for (int32_t p = lo; p < hi; p++) e->b_out[n_out++] = (int32_t)(t0 + (size_t)(p - s->n_computed));
-            }
-        }
         s->sched_out = -1;
-        if (s->n_draft > 0) { /* verify: a row for x_m and every draft */
-            s->sched_out = (int32_t)n_out;
-            for (int32_t j = 0; j <= s->n_draft; j++) e->b_out[n_out++] = (int32_t)t0 + j;
-        } else if (s->n_computed + s->sched_new == s->n_tokens) {
-            s->sched_out = (int32_t)n_out;
-            e->b_out[n_out++] = (int32_t)t - 1;
+        if (!dev) {
+            plan_plp_rows(e, s, &n_out);
+            plan_out_rows(e, s, &n_out);
+        } else if (!ds_on_host(s)) {
+            plan_out_rows(e, s, &n_out); /* device sampling: the rows it samples first, contiguous */
         }
     }
+    if (dev) /* then the raw rows only the host reads (prompt logprobs, chains verified on the host) */
+        for (size_t i = 0; i < e->n_sched; i++) {
+            plan_plp_rows(e, e->sched[i], &n_out);
+            if (ds_on_host(e->sched[i])) plan_out_rows(e, e->sched[i], &n_out);
+        }
     if (e->n_aux > 0 && n_tok > e->cap_aux_rows) {
         float *na = realloc(e->aux, n_tok * (size_t)e->n_aux * (size_t)e->runner.hidden * sizeof *na);
         if (!na) goto oom;
@@ -313,7 +352,8 @@ static int run_batch(engine *e, specd_err *err) {
         .tree_mask = NULL,
         .n_out = (int32_t)n_out,
         .out_idx = e->b_out,
-        .logits = e->logits,
+        .logits = e->runner.sample_be ? NULL : e->logits,
+        .logits_dev = e->runner.sample_be ? &e->logits_dev : NULL,
         .n_aux = e->n_aux,
         .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
         .aux = e->n_aux > 0 ? e->aux : NULL,
@@ -351,6 +391,147 @@ sampler_hist sched_hist(const sched_seq *s) {
     return h;
 }
 
+/* ---------------------------------------------------------------- device sampling */
+
+/* Raw rows [row0, row0 + n) of the device logits into e->logits (same rows). */
+static int ds_download_rows(engine *e, int32_t row0, int32_t n) {
+    if (n <= 0) return 0;
+    backend *be = e->runner.sample_be;
+    const size_t V = (size_t)e->runner.vocab;
+    return be->ops->download(be->ctx, e->logits + (size_t)row0 * V,
+                             (const float *)e->logits_dev.data + (size_t)row0 * V, (size_t)n * V * sizeof(float));
+}
+
+/* One row's description: S's parameters, the history PROMPT ids + N_OUT outputs in HIST, the min_tokens
+ * mask as if J more tokens had been emitted, and the uniform U. */
+static bk_sample_row ds_row(const sched_seq *s, const int32_t *hist, int32_t n_out, int32_t j, double u) {
+    const sampling_params *sp = &s->sp;
+    const bool pen = (sp->repetition_penalty > 0.0f && sp->repetition_penalty != 1.0f) ||
+                     sp->frequency_penalty != 0.0f || sp->presence_penalty != 0.0f;
+    const bool supp = s->post.n_out + j < s->pp.min_tokens;
+    const int32_t n_output = n_out; /* outputs so far, drafts 1..j included */
+    const size_t o = (size_t)n_output;
+    bk_sample_row r = {
+        .temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+        .presence_penalty = sp->presence_penalty, .frequency_penalty = sp->frequency_penalty,
+        .repetition_penalty = sp->repetition_penalty, .top_k = sp->top_k,
+        .forced = o < sp->n_forced_ids && sp->forced_ids[o] >= 0 ? sp->forced_ids[o] : -1,
+        .hist = pen ? hist : NULL, .n_prompt = pen ? s->n_prompt : 0, .n_output = pen ? n_output : 0,
+        .suppress = supp ? s->suppress : NULL, .n_suppress = supp ? (int32_t)s->n_suppress : 0,
+        .bias_ids = sp->logit_bias_ids, .bias = sp->logit_bias, .n_bias = (int32_t)sp->n_logit_bias,
+        .u = u,
+    };
+    return r;
+}
+
+/* Samples this step's rows on the device (runner.sample_be): downloads first the raw rows the host still
+ * needs (prompt logprobs, logprobs, chains verified on the host), then ONE bk_ops.sample call for every
+ * other sequence's rows; their results land in dev_tok / dev_acc / dev_out, and each sequence's RNG
+ * advances by exactly the uniforms the host sampler would have drawn. */
+static int device_sample(engine *e, specd_err *err) {
+    backend *be = e->runner.sample_be;
+    size_t n_rows = 0, n_vs = 0, n_u = 0, n_hist = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        s->dev_sampled = false;
+        if (s->sched_plp_n > 0 && ds_download_rows(e, s->sched_plp_row, s->sched_plp_n) < 0) goto dev_fail;
+        if (s->sched_out < 0) continue;
+        const int32_t nr = 1 + s->n_draft;
+        if (ds_on_host(s) || s->sp.logprobs >= 0) /* raw rows: host verification, or logprobs of emitted tokens */
+            if (ds_download_rows(e, s->sched_out, nr) < 0) goto dev_fail;
+        if (ds_on_host(s)) continue;
+        n_rows += (size_t)nr;
+        if (s->n_draft > 0) n_vs++, n_u += (size_t)s->n_draft + 2, n_hist += (size_t)(s->n_tokens + s->n_draft);
+    }
+    if (n_rows == 0) return 0;
+    if (grow((void **)&e->ds_rows, &e->cap_ds_rows, n_rows, sizeof *e->ds_rows) != 0) goto oom;
+    size_t cap = e->cap_ds_rows;
+    int32_t *ni = realloc(e->ds_ids, cap * sizeof *ni);
+    if (!ni) goto oom;
+    e->ds_ids = ni;
+    if (n_vs > 0) {
+        if (grow((void **)&e->ds_vs, &e->cap_ds_vs, n_vs, sizeof *e->ds_vs) != 0) goto oom;
+        cap = e->cap_ds_vs;
+        int32_t *na = realloc(e->ds_acc, cap * sizeof *na), *nt;
+        if (!na) goto oom;
+        e->ds_acc = na;
+        if (!(nt = realloc(e->ds_vtok, cap * 16 * sizeof *nt))) goto oom;
+        e->ds_vtok = nt;
+        sched_seq **nq = realloc(e->ds_vseq, cap * sizeof *nq);
+        if (!nq) goto oom;
+        e->ds_vseq = nq;
+        if (grow((void **)&e->ds_u, &e->cap_ds_u, n_u, sizeof *e->ds_u) != 0) goto oom;
+        if (grow((void **)&e->ds_hist, &e->cap_ds_hist, n_hist, sizeof *e->ds_hist) != 0) goto oom;
+    }
+    size_t r = 0, v = 0, ou = 0, oh = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        if (s->sched_out < 0 || ds_on_host(s)) continue;
+        const bool greedy = sampler_is_greedy(&s->sp);
+        const int32_t n_out = s->n_tokens - s->n_prompt;
+        if (s->n_draft == 0) { /* one draw, as sampler_sample makes (none when greedy) */
+            e->ds_rows[r++] = ds_row(s, s->tokens, n_out, 0, greedy ? 0.0 : sampler_rng_uniform(&s->rng));
+            continue;
+        }
+        /* the chain's history: tokens then the drafts (row j sees drafts 1..j, as spec_verify_seq appends them) */
+        int32_t *h = e->ds_hist + oh;
+        memcpy(h, s->tokens, (size_t)s->n_tokens * sizeof *h);
+        memcpy(h + s->n_tokens, s->draft, (size_t)s->n_draft * sizeof *h);
+        oh += (size_t)(s->n_tokens + s->n_draft);
+        double *u = e->ds_u + ou;
+        ou += (size_t)s->n_draft + 2;
+        sampler_rng peek = s->rng; /* the next n_draft + 2 uniforms; s->rng advances by those used, below */
+        for (int32_t j = 0; j < s->n_draft + 2; j++) u[j] = greedy ? 0.0 : sampler_rng_uniform(&peek);
+        e->ds_vs[v] = (bk_verify_seq){.row0 = (int32_t)r, .n_draft = s->n_draft, .draft = s->draft,
+                                      .greedy = greedy, .u = u};
+        e->ds_vseq[v++] = s;
+        for (int32_t j = 0; j <= s->n_draft; j++) e->ds_rows[r++] = ds_row(s, h, n_out + j, j, 0.0);
+    }
+    /* run_batch put the rows sampled here first, in this order (plan_out_rows); checked */
+    bk_tensor lg = e->logits_dev;
+    bool compact = true;
+    {
+        size_t rr = 0;
+        for (size_t i = 0; i < e->n_sched && compact; i++) {
+            const sched_seq *s = e->sched[i];
+            if (s->sched_out < 0 || ds_on_host(s)) continue;
+            compact = s->sched_out == (int32_t)rr;
+            rr += (size_t)(1 + s->n_draft);
+        }
+    }
+    if (!compact) {
+        specd_err_set(err, "engine: device sampling: the sampled rows are not the first ones (internal error)");
+        goto fail_rows;
+    }
+    if (be->ops->sample(be->ctx, &lg, e->ds_rows, (int32_t)n_rows, e->ds_vs, (int32_t)n_vs, e->ds_ids, e->ds_acc,
+                        e->ds_vtok) < 0)
+        goto dev_fail;
+    r = 0, v = 0;
+    for (size_t i = 0; i < e->n_sched; i++) {
+        sched_seq *s = e->sched[i];
+        if (s->sched_out < 0 || ds_on_host(s)) continue;
+        s->dev_sampled = true;
+        if (s->n_draft == 0) {
+            s->dev_tok = e->ds_ids[r++];
+            continue;
+        }
+        const int32_t a = e->ds_acc[v];
+        memcpy(s->dev_out, e->ds_vtok + (size_t)v * 16, (size_t)(a + 1) * sizeof *s->dev_out);
+        s->dev_acc = a;
+        if (!sampler_is_greedy(&s->sp)) /* the CPU's draws: one per accepted draft, then 2 (rejection) or 1 (bonus) */
+            for (int32_t k = 0; k < a + (a < s->n_draft ? 2 : 1); k++) (void)sampler_rng_uniform(&s->rng);
+        v++;
+        r += (size_t)(1 + s->n_draft);
+    }
+    return 0;
+oom:
+    return specd_err_set(err, "engine: out of memory describing %zu sampling rows", n_rows);
+dev_fail:
+    return specd_err_set(err, "engine: %s backend: device sampling failed", be->name);
+fail_rows:
+    return -1;
+}
+
 static void postprocess(engine *e) {
     const int32_t V = e->runner.vocab;
     for (size_t i = 0; i < e->n_sched; i++) {
@@ -370,9 +551,9 @@ static void postprocess(engine *e) {
             s->n_plp = p + 1;
         }
         if (s->sched_out < 0) continue; /* mid-prefill chunk */
-        const float *row = e->logits + (size_t)s->sched_out * (size_t)V;
+        const float *row = e->logits + (size_t)s->sched_out * (size_t)V; /* device sampling: only if logprobs */
         sampler_hist h = sched_hist(s);
-        int32_t tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
+        int32_t tok = s->dev_sampled ? s->dev_tok : sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
         if (s->sp.logprobs >= 0) {
             if (grow((void **)&s->lp, &s->cap_lp, s->n_lp + 1, sizeof *s->lp) == 0)
                 sampler_logprobs(row, V, tok, s->sp.logprobs, &s->lp[s->n_lp++]);
@@ -420,6 +601,11 @@ int sched_step(engine *e, specd_err *err) {
         if (verify) e->t_verify_forward_s += dt, e->verify_steps++;
         if (frc == 0 && e->proposer && e->cfg.spec_adaptive) spec_adapt_after_forward(e, dt);
         if (frc != 0) {
+            LOG_ERROR("engine: step failed: %s", local.msg);
+            for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);
+            if (err) *err = local;
+            rc = -1;
+        } else if (e->runner.sample_be && device_sample(e, &local) < 0) {
             LOG_ERROR("engine: step failed: %s", local.msg);
             for (size_t i = 0; i < e->n_sched; i++) sched_finish_seq(e, e->sched[i], FINISH_ERROR, local.msg);
             if (err) *err = local;

@@ -260,7 +260,10 @@ void spec_verify_seq(engine *e, sched_seq *s) {
         }
         int32_t tok;
         bool ok = false;
-        if (j == s->n_draft) { /* every draft accepted: bonus token */
+        if (s->dev_sampled) { /* verified on the device (scheduler.c device_sample): the same rule's result */
+            tok = s->dev_out[j];
+            ok = j < s->dev_acc;
+        } else if (j == s->n_draft) { /* every draft accepted: bonus token */
             tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row);
         } else if (greedy) {
             tok = sampler_sample(e->sw, &s->sp, &h, &s->rng, row); /* argmax, no RNG draw */

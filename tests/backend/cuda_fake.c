@@ -9,6 +9,14 @@
  * computes with the CPU backend's op on that memory, so the glue + model
  * device path must reproduce the CPU backend bit for bit. The fake
  * kn_add_rmsnorm refuses out == r like the real one (kernels/kn_norm.cu).
+ *
+ * The fake kn_sample / kn_spec_verify run the HOST sampler
+ * (engine/runtime/sampler.c: sampler_probs, sampler_draw, sampler_accept's
+ * rule with the given uniforms) on the device memory they are handed. So a
+ * test on this fake checks the plumbing of device sampling (what is staged,
+ * uploaded, launched, downloaded, and how the engine consumes it), NOT the
+ * sampling kernels' numerics: those are tests/kernels/test_kn_sample.c's
+ * (kernels vs sampler.c on a GPU, or under tools/kn_emu).
  */
 #include "tests/backend/cuda_fake/cuda_runtime_api.h"
 #include <math.h>
@@ -16,6 +24,8 @@
 #define SPECD_HAVE_CUDA 1
 #endif
 #include "engine/backend/cuda_backend.c"
+#include "engine/runtime/sampler.h"
+#include "kernels/kn_philox.h"
 
 /* ------------------------------------------------------------ fake runtime */
 
@@ -24,6 +34,8 @@ static fake_alloc fake_allocs[64];
 static int fake_n_allocs;
 int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
 long fake_h2d, fake_d2h, fake_syncs;
+size_t fake_d2h_bytes, fake_h2d_bytes;
+int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
 
 int fake_is_device(const void *p, size_t bytes) {
     for (int i = 0; i < fake_n_allocs; i++)
@@ -63,10 +75,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     (void)s;
     if (kind == cudaMemcpyHostToDevice) {
         DEV(dst, n);
-        fake_h2d++;
+        fake_h2d++, fake_h2d_bytes += n;
     } else {
         DEV(src, n);
-        fake_d2h++;
+        fake_d2h++, fake_d2h_bytes += n, fake_d2h_calls++;
     }
     memcpy(dst, src, n);
     return cudaSuccess;
@@ -246,5 +258,131 @@ int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2
         for (int32_t i = 1; i < V; i++) if (x[i] > x[b] || (isnan(x[b]) && !isnan(x[i]))) b = i;
         out[t] = !d2t ? b : d2t_bits == 32 ? b + ((const int32_t *)d2t)[b] : (int32_t)(b + ((const int64_t *)d2t)[b]);
     }
+    return 0;
+}
+
+/* ------------------------------------------------------------ fake sampling (the host sampler; see the header) */
+
+size_t kn_sample_scratch_bytes(int32_t n_rows, int32_t vocab) {
+    if (n_rows <= 0 || vocab <= 0) return 0;
+    return 3 * (((size_t)n_rows * (size_t)vocab * 4 + 255) / 256 * 256);
+}
+
+static sampler_work *fake_sw(int32_t V) {
+    static sampler_work *w;
+    static int32_t wv;
+    if (w && wv != V) sampler_work_destroy(w), w = NULL;
+    if (!w) w = sampler_work_create(V), wv = V;
+    return w;
+}
+
+int kn_sample(const float *logits, const kn_sample_params *params, const int32_t *hist, const int32_t *suppress,
+              const int32_t *bias_ids, const float *bias, int32_t n_rows, int32_t V, int32_t *out_token,
+              float *out_probs, void *scratch, size_t scratch_bytes, void *stream) {
+    (void)stream;
+    fake_kn_calls++, fake_kn_sample_calls++;
+    if (n_rows < 0 || V <= 0) return cudaErrorInvalidValue;
+    if (n_rows == 0) return 0;
+    if (scratch_bytes < kn_sample_scratch_bytes(n_rows, V)) return cudaErrorInvalidValue;
+    F32(logits, (size_t)n_rows * V); DEV(params, (size_t)n_rows * sizeof *params); DEV(scratch, scratch_bytes);
+    if (out_token) DEV(out_token, (size_t)n_rows * 4);
+    if (out_probs) F32(out_probs, (size_t)n_rows * V);
+    sampler_work *w = fake_sw(V);
+    float *row = malloc((size_t)V * 4), *p = malloc((size_t)V * 4);
+    for (int32_t r = 0; r < n_rows; r++) {
+        const kn_sample_params *P = &params[r];
+        if (P->n_prompt + P->n_output) DEV(hist + P->hist_off, (size_t)(P->n_prompt + P->n_output) * 4);
+        if (P->n_suppress) DEV(suppress + P->supp_off, (size_t)P->n_suppress * 4);
+        if (P->n_bias) {
+            DEV(bias_ids + P->bias_off, (size_t)P->n_bias * 4);
+            DEV(bias + P->bias_off, (size_t)P->n_bias * 4);
+        }
+        sampling_params sp;
+        sampling_params_init(&sp);
+        sp.temperature = P->temperature, sp.top_p = P->top_p, sp.top_k = P->top_k, sp.min_p = P->min_p;
+        sp.presence_penalty = P->presence_penalty, sp.frequency_penalty = P->frequency_penalty;
+        sp.repetition_penalty = P->repetition_penalty;
+        if (P->n_bias) sp.logit_bias_ids = bias_ids + P->bias_off, sp.logit_bias = bias + P->bias_off, sp.n_logit_bias = (size_t)P->n_bias;
+        int32_t forced[1] = {P->forced_id}; /* as the CPU sees it: output n_output is forced */
+        int32_t *fv = NULL;
+        if (P->forced_on) {
+            fv = calloc((size_t)P->n_output + 1, sizeof *fv);
+            fv[P->n_output] = forced[0];
+            sp.forced_ids = fv, sp.n_forced_ids = (size_t)P->n_output + 1;
+        }
+        const int32_t *h = hist ? hist + P->hist_off : NULL;
+        sampler_hist hh = {h, (size_t)P->n_prompt, h ? h + P->n_prompt : NULL, (size_t)P->n_output,
+                           P->n_suppress ? suppress + P->supp_off : NULL, (size_t)P->n_suppress};
+        memcpy(row, logits + (size_t)r * V, (size_t)V * 4); /* out_probs may alias logits */
+        int32_t tok;
+        if (sampler_is_greedy(&sp)) {
+            tok = sampler_sample(w, &sp, &hh, NULL, row);
+            sampler_probs(w, &sp, &hh, row, p);
+        } else {
+            sampler_probs(w, &sp, &hh, row, p);
+            tok = sampler_draw(p, V, P->use_u ? P->u : kn_philox_uniform(P->seed, P->pos, 0));
+        }
+        free(fv);
+        if (out_token) out_token[r] = tok;
+        if (out_probs) memcpy(out_probs + (size_t)r * V, p, (size_t)V * 4);
+    }
+    free(row), free(p);
+    return 0;
+}
+
+int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
+                   const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0,
+                   const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t V,
+                   int32_t *n_accepted, int32_t *out_tokens, void *stream) {
+    (void)stream;
+    fake_kn_calls++, fake_kn_spec_verify_calls++;
+    if (n_seqs < 0 || k_max < 0 || V <= 0) return cudaErrorInvalidValue;
+    if (n_seqs == 0) return 0;
+    if ((k_max > 0 && !draft) || !n_draft || !greedy || !seed || !pos0 || !n_accepted || !out_tokens) return cudaErrorInvalidValue;
+    if (!p && !target_tok) return cudaErrorInvalidValue;
+    DEV(n_draft, (size_t)n_seqs * 4); DEV(greedy, (size_t)n_seqs); DEV(seed, (size_t)n_seqs * 8); DEV(pos0, (size_t)n_seqs * 4);
+    DEV(n_accepted, (size_t)n_seqs * 4); DEV(out_tokens, (size_t)n_seqs * (k_max + 1) * 4);
+    if (k_max) DEV(draft, (size_t)n_seqs * k_max * 4);
+    if (row0) DEV(row0, (size_t)n_seqs * 4);
+    if (u) DEV(u, (size_t)n_seqs * (k_max + 2) * 8);
+    float *res = malloc((size_t)V * 4);
+    for (int32_t s = 0; s < n_seqs; s++) {
+        const int32_t nd = n_draft[s] < 0 ? 0 : n_draft[s] > k_max ? k_max : n_draft[s];
+        const int32_t *d = draft + (size_t)s * k_max;
+        int32_t *out = out_tokens + (size_t)s * (k_max + 1);
+        const size_t r0 = row0 ? (size_t)row0[s] : (size_t)s * (k_max + 1);
+        const double *us = u ? u + (size_t)s * (k_max + 2) : NULL;
+        if (target_tok) DEV(target_tok + r0, (size_t)(nd + 1) * 4);
+        if (p) F32(p + r0 * V, (size_t)(nd + 1) * V);
+        if (greedy[s] || !p) {
+            if (!target_tok) { n_accepted[s] = -1; continue; }
+            const int32_t *tt = target_tok + r0;
+            int32_t a = 0;
+            while (a < nd && d[a] == tt[a]) out[a] = d[a], a++;
+            out[a] = tt[a];
+            n_accepted[s] = a;
+            continue;
+        }
+        int32_t j = 0;
+        for (; j < nd; j++) {
+            const float *pj = p + (r0 + (size_t)j) * V, *qj = q ? q + ((size_t)s * k_max + j) * V : NULL;
+            const int32_t x = d[j];
+            const double px = x >= 0 && x < V ? pj[x] : 0.0, qx = x >= 0 && x < V ? (qj ? qj[x] : 1.0) : 1.0;
+            const double ua = us ? us[j] : kn_philox_uniform(seed[s], pos0[s] + j, 0);
+            if (px > 0.0 && (qx <= 0.0 || ua * qx < px)) { out[j] = x; continue; }
+            double total = 0.0;
+            for (int32_t i = 0; i < V; i++) {
+                const float qi = qj ? qj[i] : (i == x ? 1.0f : 0.0f), df = pj[i] - qi;
+                res[i] = df > 0.0f ? df : 0.0f;
+                total += res[i];
+            }
+            const double u2 = us ? us[j + 1] : kn_philox_uniform(seed[s], pos0[s] + j, 1);
+            out[j] = total > 0.0 ? sampler_draw(res, V, u2) : sampler_draw(pj, V, u2);
+            break;
+        }
+        if (j == nd) out[nd] = sampler_draw(p + (r0 + (size_t)nd) * V, V, us ? us[nd] : kn_philox_uniform(seed[s], pos0[s] + nd, 0));
+        n_accepted[s] = j;
+    }
+    free(res);
     return 0;
 }

@@ -37,6 +37,19 @@
  *     over 30 layers for the twin);
  *   - the 32 greedy tokens identical (the test prints the first divergence
  *     and its logit margin when not).
+ * Part 3, sampling on the device through the engine ($MODEL_HF_MINI_DIR/f32):
+ * tests/backend/engine_gen.h's scenarios with the reference engine on the
+ * CPU backend (host sampler) and the other on the GPU with
+ * engine_runner.sample_be (kn_sample / kn_spec_verify via bk_ops.sample,
+ * only ids and counts downloaded): greedy, seeded sampling at n = 2 with
+ * top-k / top-p / min-p / penalties / logit_bias / min_tokens, logprobs
+ * (within 1e-4, top ids identical), penalties + a biased EOS behind
+ * min_tokens, speculative k = 3 (greedy chains verified on the GPU, a
+ * sampling chain on the host) and speculative greedy == plain greedy: the
+ * same tokens on both. A sampled token can differ only where the draw's
+ * uniform falls within the logits' f32 difference (~1e-6 relative) of a
+ * cumulative boundary, or a top-k / top-p / min-p threshold sits that close
+ * to a probability: rare enough that a difference is reported as a failure.
  * Exits 77 with the reason when no usable GPU is present. The arena is 2 GiB
  * (SPECD_CUDA_TEST_ARENA_MB overrides). tests/backend builds this same file
  * against a fake device (backend_cuda_test_on_fake, label unit) to check the
@@ -367,6 +380,9 @@ static void test_ops(void) {
 
 /* -------------------------------------------------------------------- part 2 */
 
+#define EG_EXACT 0 /* the GPU's logits differ from the CPU's in the last bits: logprobs within 1e-4 */
+#include "tests/backend/engine_gen.h"
+
 typedef struct run { backend *be; model *m; int32_t bt[64]; const int32_t *btp[1]; } run;
 
 static int step(run *R, const int32_t *toks, int32_t n, int32_t pos0, float *logits, specd_err *err) {
@@ -480,6 +496,24 @@ int main(void) {
         n_models++;
     }
     printf("models checked: %d\n", n_models);
+    /* part 3: sampling on the device through the engine */
+    const char *mini = getenv("MODEL_HF_MINI_DIR");
+    char path[4096];
+    struct stat st3;
+    snprintf(path, sizeof path, "%s/f32", mini ? mini : "");
+    if (mini && stat(path, &st3) == 0) {
+        model_load_opts mo = {.block_size = EG_BS, .n_blocks = 64};
+        model *mc = NULL, *md = NULL;
+        if (model_load(path, cpu, &mo, &mc, &err) || model_load(path, gpu, &mo, &md, &err)) {
+            EXPECT(0, "%s: %s", path, err.msg);
+        } else {
+            eg_scenarios(mc, md, gpu);
+            n_fail += eg_fail;
+        }
+        model_destroy(mc), model_destroy(md);
+    } else {
+        printf("part 3 (device sampling): %s absent, skipped\n", path);
+    }
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
     if (n_fail) printf("FAILED: %d checks\n", n_fail);

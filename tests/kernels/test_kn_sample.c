@@ -11,7 +11,7 @@
  * On the GPU:
  *  1. device Philox == host Philox, bitwise (kn_philox_uniforms);
  *  2. kn_sample vs sampler_probs + sampler_draw(p, kn_philox_uniform(seed,
- *     pos, 0)) (greedy: sampler_sample), 9 parameter sets x 8 rows x vocab
+ *     pos, 0)) (greedy: sampler_sample), 12 parameter sets x 8 rows x vocab
  *     {100, 1000, 49152}: the same token on every row; the processed distribution
  *     has the same support and max |p_gpu - p_cpu| <= 1e-6 (f32 expf and a
  *     different double-sum order: a few ulps); each row alone (n_rows = 1)
@@ -20,9 +20,17 @@
  *     min_p = exp(-3 - 1/128), so no top-k / min-p / top-p decision is within
  *     rounding of its threshold; a draw can still differ where u falls within
  *     ~4e-7 of a cumulative boundary: false-failure probability < 1e-4.
+ *     Three sets cover what the engine's device sampling adds (cuda_backend.c
+ *     cu_sample): OpenAI logit_bias (on the 1/16 grid, a duplicate id that
+ *     accumulates, an id out of range), the test-only forced id, and the
+ *     host's uniform (params.use_u: the request's own RNG, compared with
+ *     sampler_draw at that u).
  *  3. kn_spec_verify vs ref_verify (the CPU's spec_verify_seq rule with
  *     Philox uniforms) on 96 sequences (greedy, sampled with q, one-hot
- *     drafts; 0..4 drafts): accepted counts and tokens identical.
+ *     drafts; 0..4 drafts): accepted counts and tokens identical; again with
+ *     the host's uniforms (u [n, K + 2], consumed in sampler_accept's order)
+ *     and the rows of the sequences in reverse order (row0), as the engine
+ *     lays them out.
  *  4. distribution: 200,000 sequences, V = 8, 3 drafts drawn from q: the
  *     first emitted token ~ p (Leviathan et al. 2023, Theorem 1); chi-square,
  *     6 degrees of freedom (one id has p = 0 and must never appear), fails
@@ -102,7 +110,8 @@ static int ref_accept(const float *p, const float *q, int32_t V, int32_t x, doub
 /* spec_verify_seq's chain rule with Philox uniforms: p [k+1, V], q [k, V] or
  * NULL, tt [k+1] argmax rows. Returns the accepted count; out[0..a]. */
 static int32_t ref_verify(const float *p, const float *q, const int32_t *tt, const int32_t *d, int32_t nd,
-                          int greedy, uint64_t seed, int32_t pos0, int32_t V, float *tmp, int32_t *out) {
+                          int greedy, uint64_t seed, int32_t pos0, const double *uh, int32_t V, float *tmp,
+                          int32_t *out) {
     if (greedy) {
         int32_t a = 0;
         while (a < nd && d[a] == tt[a]) out[a] = d[a], a++;
@@ -110,10 +119,11 @@ static int32_t ref_verify(const float *p, const float *q, const int32_t *tt, con
         return a;
     }
     for (int32_t j = 0; j < nd; j++) {
-        const double u = kn_philox_uniform(seed, pos0 + j, 0), u2 = kn_philox_uniform(seed, pos0 + j, 1);
+        const double u = uh ? uh[j] : kn_philox_uniform(seed, pos0 + j, 0);
+        const double u2 = uh ? uh[j + 1] : kn_philox_uniform(seed, pos0 + j, 1);
         if (!ref_accept(p + (size_t)j * V, q ? q + (size_t)j * V : NULL, V, d[j], u, u2, tmp, &out[j])) return j;
     }
-    out[nd] = sampler_draw(p + (size_t)nd * V, V, kn_philox_uniform(seed, pos0 + nd, 0));
+    out[nd] = sampler_draw(p + (size_t)nd * V, V, uh ? uh[nd] : kn_philox_uniform(seed, pos0 + nd, 0));
     return nd;
 }
 
@@ -176,11 +186,13 @@ static void test_refusals(void) {
     const int inval = (int)cudaErrorInvalidValue;
     size_t need = kn_sample_scratch_bytes(3, 1000);
     EXPECT(need == 3 * (((size_t)3 * 1000 * 4 + 255) / 256 * 256), "scratch bytes %zu", need);
-    EXPECT(kn_sample(f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
-    EXPECT(kn_sample(f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
-    EXPECT(kn_sample(f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
-    EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, 2, 3, 100, f, f, NULL) == inval, "no p and no argmax rows");
-    EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, 2, 3, 100, f, f, NULL) == inval, "no drafts with k_max 3");
+    EXPECT(kn_sample(f, f, f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
+    EXPECT(kn_sample(f, f, f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
+    EXPECT(kn_sample(f, f, f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
+    EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+           "no p and no argmax rows");
+    EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+           "no drafts with k_max 3");
     EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
 }
 
@@ -214,23 +226,29 @@ typedef struct variant {
     float temperature, top_p, min_p, rep, freq, pres;
     int32_t top_k;
     int suppress;
+    int bias;   /* logit_bias entries (NB) */
+    int forced; /* the test-only forced id */
+    int host_u; /* the host's uniform instead of Philox */
 } variant;
 
 #define MIN_P 0.049399622f /* exp(-3 - 1/128): midway between multiples of 1/64 in log space */
 
 static void test_sampler(int32_t V) {
     static const variant vars[] = {
-        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
-        {"greedy+penalties+suppress", 0.0f, 1.0f, 0.0f, 2.0f, 0.5f, 0.25f, -1, 1},
-        {"temp 0.7", 0.7f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
-        {"top_k 20 (ties)", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 20, 0},
-        {"top_p 0.9", 1.0f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
-        {"top_p 0.5 temp 0.5", 0.5f, 0.5f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0},
-        {"min_p", 1.0f, 1.0f, MIN_P, 1.0f, 0.0f, 0.0f, -1, 0},
-        {"all", 0.5f, 0.95f, MIN_P, 2.0f, 0.5f, 0.25f, 25, 1},
-        {"top_k 1", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1, 0},
+        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0, 0, 0, 0},
+        {"greedy+penalties+suppress", 0.0f, 1.0f, 0.0f, 2.0f, 0.5f, 0.25f, -1, 1, 0, 0, 0},
+        {"temp 0.7", 0.7f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0, 0, 0, 0},
+        {"top_k 20 (ties)", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 20, 0, 0, 0, 0},
+        {"top_p 0.9", 1.0f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0, 0, 0, 0},
+        {"top_p 0.5 temp 0.5", 0.5f, 0.5f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 0, 0, 0, 0},
+        {"min_p", 1.0f, 1.0f, MIN_P, 1.0f, 0.0f, 0.0f, -1, 0, 0, 0, 0},
+        {"all", 0.5f, 0.95f, MIN_P, 2.0f, 0.5f, 0.25f, 25, 1, 0, 0, 0},
+        {"top_k 1", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1, 0, 0, 0, 0},
+        {"bias greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0.5f, 0.0f, -1, 0, 1, 0, 0},
+        {"bias host-u all", 0.5f, 0.95f, MIN_P, 2.0f, 0.5f, 0.25f, 25, 1, 1, 0, 1},
+        {"forced host-u", 0.7f, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f, -1, 1, 1, 1, 1},
     };
-    enum { ROWS_PER = 8, NP = 40, NO = 12, NS = 3 };
+    enum { ROWS_PER = 8, NP = 40, NO = 12, NS = 3, NB = 5 };
     const int n_var = (int)(sizeof vars / sizeof vars[0]);
     const int32_t R = n_var * ROWS_PER;
     float *logits = malloc((size_t)R * V * sizeof(float));
@@ -239,6 +257,8 @@ static void test_sampler(int32_t V) {
     float *p_one = malloc((size_t)V * sizeof(float));
     int32_t *hist = malloc((size_t)R * (NP + NO) * sizeof(int32_t));
     int32_t *supp = malloc((size_t)R * NS * sizeof(int32_t));
+    int32_t *bias_ids = malloc((size_t)R * NB * sizeof(int32_t));
+    float *bias = malloc((size_t)R * NB * sizeof(float));
     kn_sample_params *prm = calloc((size_t)R, sizeof *prm);
     int32_t *tok_ref = malloc((size_t)R * sizeof(int32_t)), *tok_gpu = malloc((size_t)R * sizeof(int32_t));
     for (int32_t r = 0; r < R; r++) {
@@ -254,7 +274,19 @@ static void test_sampler(int32_t V) {
         h[NP + 1] = V + 5;                                                            /* out of vocabulary: ignored */
         int32_t *sp = supp + (size_t)r * NS;
         sp[0] = sampler_argmax(l, V), sp[1] = rnd_int(V), sp[2] = -3;
+        int32_t *bi = bias_ids + (size_t)r * NB;
+        float *bv = bias + (size_t)r * NB;
+        /* on the 1/16 grid: a tail id lifted into the head, a head id pushed down twice (accumulates), a
+         * head id lifted, an id out of range (ignored) */
+        bi[0] = rnd_int(V), bv[0] = 18.0f;
+        bi[1] = head[3], bv[1] = -1.25f;
+        bi[2] = head[3], bv[2] = -2.5f;
+        bi[3] = head[6], bv[3] = 1.5f;
+        bi[4] = V + 1, bv[4] = 3.0f;
         kn_sample_params *P = &prm[r];
+        P->bias_off = r * NB, P->n_bias = vr->bias ? NB : 0;
+        P->forced_on = vr->forced, P->forced_id = vr->forced ? head[7] : 0;
+        P->use_u = vr->host_u, P->u = rnd_u();
         P->temperature = vr->temperature, P->top_p = vr->top_p, P->top_k = vr->top_k, P->min_p = vr->min_p;
         P->repetition_penalty = vr->rep, P->frequency_penalty = vr->freq, P->presence_penalty = vr->pres;
         P->seed = rnd(), P->pos = rnd_int(1 << 20);
@@ -266,11 +298,13 @@ static void test_sampler(int32_t V) {
     kn_sample_params *d_prm = dmalloc_copy(prm, (size_t)R * sizeof *prm);
     int32_t *d_hist = dmalloc_copy(hist, (size_t)R * (NP + NO) * sizeof(int32_t));
     int32_t *d_supp = dmalloc_copy(supp, (size_t)R * NS * sizeof(int32_t));
+    int32_t *d_bi = dmalloc_copy(bias_ids, (size_t)R * NB * sizeof(int32_t));
+    float *d_bv = dmalloc_copy(bias, (size_t)R * NB * sizeof(float));
     int32_t *d_tok = dmalloc_copy(NULL, (size_t)R * sizeof(int32_t));
     float *d_p = dmalloc_copy(NULL, (size_t)R * V * sizeof(float));
     size_t sb = kn_sample_scratch_bytes(R, V);
     void *d_scr = dmalloc_copy(NULL, sb);
-    CK(kn_sample(d_logits, d_prm, d_hist, d_supp, R, V, d_tok, d_p, d_scr, sb, NULL));
+    CK(kn_sample(d_logits, d_prm, d_hist, d_supp, d_bi, d_bv, R, V, d_tok, d_p, d_scr, sb, NULL));
     CK(cudaMemcpy(tok_gpu, d_tok, (size_t)R * sizeof(int32_t), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(p_gpu, d_p, (size_t)R * V * sizeof(float), cudaMemcpyDeviceToHost));
 
@@ -283,12 +317,23 @@ static void test_sampler(int32_t V) {
         sampling_params_init(&sp);
         sp.temperature = vr->temperature, sp.top_p = vr->top_p, sp.top_k = vr->top_k, sp.min_p = vr->min_p;
         sp.repetition_penalty = vr->rep, sp.frequency_penalty = vr->freq, sp.presence_penalty = vr->pres;
+        if (vr->bias)
+            sp.logit_bias_ids = bias_ids + (size_t)r * NB, sp.logit_bias = bias + (size_t)r * NB, sp.n_logit_bias = NB;
+        /* forced: output NO (the next one) is forced_id */
+        int32_t forced_ids[NO + 1];
+        for (int i = 0; i <= NO; i++) forced_ids[i] = i == NO ? prm[r].forced_id : 0;
+        if (vr->forced) sp.forced_ids = forced_ids, sp.n_forced_ids = NO + 1;
         const int32_t *h = hist + (size_t)r * (NP + NO);
         sampler_hist hh = {h, NP, h + NP, NO, supp + (size_t)r * NS, vr->suppress ? NS : 0};
         const float *l = logits + (size_t)r * V;
         sampler_probs(w, &sp, &hh, l, p_cpu);
         tok_ref[r] = sampler_is_greedy(&sp) ? sampler_sample(w, &sp, &hh, NULL, l)
-                                            : sampler_draw(p_cpu, V, kn_philox_uniform(prm[r].seed, prm[r].pos, 0));
+                                            : sampler_draw(p_cpu, V, prm[r].use_u ? prm[r].u
+                                                                   : kn_philox_uniform(prm[r].seed, prm[r].pos, 0));
+        if (vr->forced && tok_ref[r] != prm[r].forced_id) {
+            tok_bad++;
+            printf("FAIL V=%d %s row %d: CPU reference did not emit the forced id\n", V, vr->name, r);
+        }
         if (tok_ref[r] != tok_gpu[r]) {
             tok_bad++;
             printf("FAIL V=%d %s row %d: GPU token %d, CPU %d\n", V, vr->name, r, tok_gpu[r], tok_ref[r]);
@@ -300,7 +345,8 @@ static void test_sampler(int32_t V) {
             if (d > worst) worst = d;
         }
         /* the row alone */
-        CK(kn_sample(d_logits + (size_t)r * V, d_prm + r, d_hist, d_supp, 1, V, d_tok, d_p, d_scr, sb, NULL));
+        CK(kn_sample(d_logits + (size_t)r * V, d_prm + r, d_hist, d_supp, d_bi, d_bv, 1, V, d_tok, d_p, d_scr, sb,
+                     NULL));
         int32_t t1;
         CK(cudaMemcpy(&t1, d_tok, sizeof t1, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(p_one, d_p, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
@@ -315,7 +361,8 @@ static void test_sampler(int32_t V) {
            V, R, n_var, tok_bad, supp_bad, worst, inv_bad);
     sampler_work_destroy(w);
     cudaFree(d_logits), cudaFree(d_prm), cudaFree(d_hist), cudaFree(d_supp), cudaFree(d_tok), cudaFree(d_p);
-    cudaFree(d_scr);
+    cudaFree(d_scr), cudaFree(d_bi), cudaFree(d_bv);
+    free(bias_ids), free(bias);
     free(logits), free(p_cpu), free(p_gpu), free(p_one), free(hist), free(supp), free(prm), free(tok_ref);
     free(tok_gpu);
 }
@@ -338,14 +385,30 @@ typedef struct verify_case {
     int32_t *tt, *draft, *nd, *pos0;
     uint8_t *greedy;
     uint64_t *seed;
+    double *u;          /* [n, K + 2] host uniforms, or NULL (Philox) */
     int32_t *acc, *out; /* GPU results */
 } verify_case;
 
 static void verify_case_run(verify_case *c, int with_q) {
     const int32_t n = c->n, K = c->K, V = c->V;
-    float *dp = dmalloc_copy(c->p, (size_t)n * (K + 1) * V * sizeof(float));
+    /* with host uniforms: the sequences' rows in reverse order, found through row0 */
+    float *pr = c->p;
+    int32_t *ttr = c->tt, *row0 = NULL;
+    if (c->u) {
+        pr = malloc((size_t)n * (K + 1) * V * sizeof(float));
+        ttr = malloc((size_t)n * (K + 1) * sizeof(int32_t));
+        row0 = malloc((size_t)n * sizeof(int32_t));
+        for (int32_t s = 0; s < n; s++) {
+            row0[s] = (n - 1 - s) * (K + 1);
+            memcpy(pr + (size_t)row0[s] * V, c->p + (size_t)s * (K + 1) * V, (size_t)(K + 1) * V * sizeof(float));
+            memcpy(ttr + row0[s], c->tt + (size_t)s * (K + 1), (size_t)(K + 1) * sizeof(int32_t));
+        }
+    }
+    float *dp = dmalloc_copy(pr, (size_t)n * (K + 1) * V * sizeof(float));
     float *dq = with_q ? dmalloc_copy(c->q, (size_t)n * K * V * sizeof(float)) : NULL;
-    int32_t *dtt = dmalloc_copy(c->tt, (size_t)n * (K + 1) * sizeof(int32_t));
+    int32_t *dtt = dmalloc_copy(ttr, (size_t)n * (K + 1) * sizeof(int32_t));
+    int32_t *drow0 = row0 ? dmalloc_copy(row0, (size_t)n * sizeof(int32_t)) : NULL;
+    double *du = c->u ? dmalloc_copy(c->u, (size_t)n * (K + 2) * sizeof(double)) : NULL;
     int32_t *dd = dmalloc_copy(c->draft, (size_t)n * K * sizeof(int32_t));
     int32_t *dnd = dmalloc_copy(c->nd, (size_t)n * sizeof(int32_t));
     uint8_t *dg = dmalloc_copy(c->greedy, (size_t)n);
@@ -353,11 +416,12 @@ static void verify_case_run(verify_case *c, int with_q) {
     int32_t *dpos = dmalloc_copy(c->pos0, (size_t)n * sizeof(int32_t));
     int32_t *dacc = dmalloc_copy(NULL, (size_t)n * sizeof(int32_t));
     int32_t *dout = dmalloc_copy(NULL, (size_t)n * (K + 1) * sizeof(int32_t));
-    CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, n, K, V, dacc, dout, NULL));
+    CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, drow0, du, n, K, V, dacc, dout, NULL));
     CK(cudaMemcpy(c->acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(c->out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
     cudaFree(dp), cudaFree(dq), cudaFree(dtt), cudaFree(dd), cudaFree(dnd), cudaFree(dg), cudaFree(ds);
-    cudaFree(dpos), cudaFree(dacc), cudaFree(dout);
+    cudaFree(dpos), cudaFree(dacc), cudaFree(dout), cudaFree(drow0), cudaFree(du);
+    if (c->u) free(pr), free(ttr), free(row0);
 }
 
 static void verify_case_alloc(verify_case *c, int32_t n, int32_t K, int32_t V) {
@@ -370,19 +434,24 @@ static void verify_case_alloc(verify_case *c, int32_t n, int32_t K, int32_t V) {
     c->pos0 = malloc((size_t)n * sizeof(int32_t));
     c->greedy = malloc((size_t)n);
     c->seed = malloc((size_t)n * sizeof(uint64_t));
+    c->u = NULL;
     c->acc = malloc((size_t)n * sizeof(int32_t));
     c->out = malloc((size_t)n * (K + 1) * sizeof(int32_t));
 }
 static void verify_case_free(verify_case *c) {
     free(c->p), free(c->q), free(c->tt), free(c->draft), free(c->nd), free(c->pos0), free(c->greedy);
-    free(c->seed), free(c->acc), free(c->out);
+    free(c->seed), free(c->acc), free(c->out), free(c->u);
 }
 
-/* 3. exact agreement with ref_verify. */
-static void test_verify_exact(int with_q) {
+/* 3. exact agreement with ref_verify (host_u: the host's uniforms and reversed rows). */
+static void test_verify_exact(int with_q, int host_u) {
     verify_case c;
     verify_case_alloc(&c, 96, 4, 300);
     const int32_t K = c.K, V = c.V;
+    if (host_u) {
+        c.u = malloc((size_t)c.n * (K + 2) * sizeof(double));
+        for (int32_t i = 0; i < c.n * (K + 2); i++) c.u[i] = rnd_u();
+    }
     for (int32_t s = 0; s < c.n; s++) {
         c.greedy[s] = s % 4 == 0;
         c.nd[s] = s % 5; /* 0..4 drafts */
@@ -414,19 +483,19 @@ static void test_verify_exact(int with_q) {
         const float *ps = c.p + (size_t)s * (K + 1) * V;
         const float *qs = with_q ? c.q + (size_t)s * K * V : NULL;
         int32_t a = ref_verify(ps, qs, c.tt + s * (K + 1), c.draft + s * K, c.nd[s], c.greedy[s], c.seed[s],
-                               c.pos0[s], V, tmp, ref);
+                               c.pos0[s], host_u ? c.u + (size_t)s * (K + 2) : NULL, V, tmp, ref);
         n_acc += a, n_rej += a < c.nd[s];
         int same = c.acc[s] == a && memcmp(c.out + s * (K + 1), ref, (size_t)(a + 1) * sizeof(int32_t)) == 0;
         if (!same && bad++ < 5)
             printf("FAIL verify seq %d: GPU accepted %d (last token %d), reference %d (last token %d)\n", s, c.acc[s],
                    c.acc[s] >= 0 && c.acc[s] <= K ? c.out[s * (K + 1) + c.acc[s]] : -1, a, ref[a]);
     }
-    EXPECT(bad == 0, "kn_spec_verify (%s drafts): %d of %d sequences differ from the reference", with_q ? "q" : "one-hot",
-           bad, c.n);
+    EXPECT(bad == 0, "kn_spec_verify (%s drafts%s): %d of %d sequences differ from the reference",
+           with_q ? "q" : "one-hot", host_u ? ", host uniforms" : "", bad, c.n);
     EXPECT(n_acc > 0 && n_rej > 0, "verify case exercises nothing: %d accepted, %d rejections", n_acc, n_rej);
-    printf("spec verify (%s drafts): %d sequences, %d differ from the reference (reference: %d drafts accepted, %d "
+    printf("spec verify (%s drafts%s): %d sequences, %d differ from the reference (reference: %d drafts accepted, %d "
            "rejections)\n",
-           with_q ? "sampled, q" : "one-hot", c.n, bad, n_acc, n_rej);
+           with_q ? "sampled, q" : "one-hot", host_u ? ", host uniforms, rows reversed" : "", c.n, bad, n_acc, n_rej);
     free(tmp);
     verify_case_free(&c);
 }
@@ -492,8 +561,10 @@ int main(void) {
     test_sampler(100); /* fewer ids than threads */
     test_sampler(1000);
     test_sampler(49152);
-    test_verify_exact(1);
-    test_verify_exact(0);
+    test_verify_exact(1, 0);
+    test_verify_exact(0, 0);
+    test_verify_exact(1, 1);
+    test_verify_exact(0, 1);
     test_verify_distribution(1);
     test_verify_distribution(0);
     printf("%s\n", g_fail ? "FAILED" : "OK");

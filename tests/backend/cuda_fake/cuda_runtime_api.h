@@ -72,6 +72,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 #define kn_attention fake_kn_attention
 #define kn_attn_scratch_bytes fake_kn_attn_scratch_bytes
 #define kn_argmax fake_kn_argmax
+#define kn_sample fake_kn_sample
+#define kn_spec_verify fake_kn_spec_verify
+#define kn_sample_scratch_bytes fake_kn_sample_scratch_bytes
+#define kn_philox_uniforms fake_kn_philox_uniforms
 /* and the backend's own entry points, so both copies can live in one binary */
 #define bk_cuda_create fake_bk_cuda_create
 #define bk_cuda_destroy fake_bk_cuda_destroy
@@ -88,5 +92,8 @@ extern int fake_kn_add_rmsnorm_calls, fake_kn_calls;
 /* transfers: host -> device and device -> host copies (cudaMemcpyAsync), and
  * the host waits on the device (cudaStreamSynchronize: one per download) */
 extern long fake_h2d, fake_d2h, fake_syncs;
+/* device -> host / host -> device bytes copied (cudaMemcpyAsync), and the sampling launches */
+extern size_t fake_d2h_bytes, fake_h2d_bytes;
+extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
 
 #endif
