@@ -17,7 +17,9 @@ How the reference is built (independent of specd)
       first) and down into experts.down_proj [E, H, I]. load_state_dict(strict=True).
     * compute: float32, attn_implementation "eager", torch 1 thread.
 
-Usage: reference.py --mini DIR [--out tests/fixtures/kimi] (generate DIR with make_mini.py --seed 0)
+Usage: reference.py --mini DIR [--out tests/fixtures/kimi] [--name mini_logits.json]
+    (generate DIR with make_mini.py --seed 0; the wide8 variant: tests/kimi_c/make_minis.py OUT, then
+    --mini OUT/wide8 --name mini_wide8_logits.json)
 Threading: single-threaded.
 """
 from __future__ import annotations
@@ -197,6 +199,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mini", required=True)
     ap.add_argument("--out", default=os.path.join(mm.REPO, "tests", "fixtures", "kimi"))
+    ap.add_argument("--name", default="mini_logits.json",
+                    help="output file name (mini_wide8_logits.json for the wide8 variant of make_minis.py)")
     a = ap.parse_args(argv)
     top = json.load(open(os.path.join(a.mini, "config.json")))
     text_cfg = top.get("text_config", top)
@@ -280,6 +284,7 @@ def main(argv=None) -> int:
                   "(tools/kimi/make_mini.py); experts dequantized by compressed-tensors" % __import__(
                       "transformers").__version__,
         "torch": torch.__version__,
+        "mini_dir": os.path.basename(os.path.normpath(a.mini)),   # k25, or wide8 (tests/kimi_c/make_minis.py)
         "sel_ids": SEL_IDS,
         "rope": rope_facts(model, cfg),
         "rms_norm_eps": {   # transformers builds the q_a/kv_a norms without passing rms_norm_eps
@@ -292,7 +297,7 @@ def main(argv=None) -> int:
         "prompts": prompts_out,
     }
     os.makedirs(a.out, exist_ok=True)
-    p = os.path.join(a.out, "mini_logits.json")
+    p = os.path.join(a.out, a.name)
     with open(p, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)
         f.write("\n")
