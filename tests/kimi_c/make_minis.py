@@ -8,7 +8,7 @@ tools/kimi/make_mini.py) in the three tensor-name layouts the C loader accepts, 
     OUT/wide8    the same generator with 8 MLA heads, dense MLP 512 and experts of width 256 (seed 0,
                  tokenizer files as k25): a shape every tensor-parallel size up to 8 can split (1 head and 32
                  int4 columns of every expert per rank at TP 8); tests/kimi_c/test_tp.c checks TP 2, 4 and 8
-                 against TP 1 on it (no transformers fixture of its own), kimi_c_spec_server_tp4 serves it at TP 4
+                 against TP 1 and against transformers on it (tests/fixtures/kimi/mini_wide8_logits.json), kimi_c_spec_server_tp4 serves it at TP 4
     OUT/head     a random-weight EAGLE-3 head for the miniature (tools/eagle3/make_random_head.py
                  with the miniature's sizes: hidden 128, 4 heads of 32, intermediate 256, target
                  vocab 163840, draft vocab 32000 with a random vocabulary map, aux ids [0, 2, 4] (layer outputs),
