@@ -257,6 +257,21 @@ typedef struct bk_ops {
     /* Per-step metadata copy (see bk_attn_meta.dev); no-ops on host-visible backends. */
     int (*meta_upload)(void *ctx, bk_attn_meta *m);
     void (*meta_release)(void *ctx, bk_attn_meta *m);
+
+    /* --- DeepSeek-V3 / Kimi-K2.5 absorbed MLA on the latent plane (issue 19). kv: ONE plane used as K
+     * and as V (k == v, or k16 == v16 on a bf16 plane), n_kv_heads 1, head_dim D = kv_lora_rank + rope
+     * dims (the latent [c_kv | k_pe]). NULL on a backend without them (the model then calls kv_write /
+     * attention, the same bits on the CPU). */
+    /* Writes the step's latent rows lat F32 [T, D] at each token's (seq, pos) slot: exactly
+     * kv_write(kv, m, lat, lat) (bf16 planes: round to nearest even). */
+    int (*mla_latent_write)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *lat,
+                            int32_t kv_lora_rank);
+    /* q F32 [T, n_heads * D] (per head [q_lat | q_pe]) -> out F32 [T, n_heads * kv_lora_rank]: per head
+     * the first kv_lora_rank values of attention(kv, m, q, n_heads, scale) over the plane (the c_kv part
+     * of sum_p softmax_p latent_p; the k_pe part is not produced). CPU: that attention op, then the
+     * columns (same bits); CUDA: kn_mla_attention (kernels/kn_mla.h), bf16 planes only. */
+    int (*mla_attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
+                         int32_t n_heads, int32_t kv_lora_rank, float scale, bk_tensor *out);
 } bk_ops;
 
 typedef struct backend {

@@ -69,6 +69,7 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
 #include "kernels/kn.h"
 #include "kernels/kn_attn.h"
 #include "kernels/kn_linear.h"
+#include "kernels/kn_mla.h"
 
 /* Checks a cuda* / kn_* return value inside a function returning int. */
 #define CU_CHECK(call)                                                                                  \
@@ -555,6 +556,54 @@ static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, 
     return 0;
 }
 
+/* DeepSeek-V3 absorbed MLA on the bf16 latent plane (kernels/kn_mla.h; backend.h mla_*). */
+static int cu_mla_cache(const cu_ctx *c, const bk_kv_layer *kv, int32_t kvl, kn_mla_cache *out) {
+    CU_REQUIRE(kv->k16 && kv->k16 == kv->v16 && !kv->k && kv->n_kv_heads == 1,
+               "MLA on the CUDA backend needs one bf16 latent plane (k16 == v16, one KV head; the model's "
+               "latent_bf16)");
+    CU_REQUIRE(kvl > 0 && kvl < kv->head_dim && kv->head_dim <= KN_MLA_MAX_LATENT && kvl <= KN_MLA_MAX_KVL,
+               "MLA latent of %d = kv_lora_rank %d + rope: kn_mla takes kv_lora_rank <= %d, latent <= %d",
+               kv->head_dim, kvl, KN_MLA_MAX_KVL, KN_MLA_MAX_LATENT);
+    CU_REQUIRE(kv->block_size == c->o.block_size,
+               "KV layer of block size %d; this backend's block tables were sized for %d", kv->block_size,
+               c->o.block_size);
+    *out = (kn_mla_cache){kv->k16, kv->block_size, kvl, kv->head_dim - kvl, kv->n_blocks};
+    return 0;
+}
+
+static int cu_mla_latent_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *lat,
+                               int32_t kvl) {
+    cu_ctx *c = vctx;
+    const kn_attn_batch *b = cu_meta(c, m, lat->rows);
+    kn_mla_cache mc;
+    if (!b || cu_mla_cache(c, kv, kvl, &mc) < 0) return -1;
+    CU_REQUIRE(lat->cols == kv->head_dim, "mla_latent_write: lat [%lld, %lld], latent %d", (long long)lat->rows,
+               (long long)lat->cols, kv->head_dim);
+    CU_CHECK(kn_mla_latent_write(&mc, b, lat->data, c->stream));
+    return 0;
+}
+
+static int cu_mla_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
+                            int32_t n_heads, int32_t kvl, float scale, bk_tensor *out) {
+    cu_ctx *c = vctx;
+    const kn_attn_batch *b = cu_meta(c, m, q->rows);
+    kn_mla_cache mc;
+    if (!b || cu_mla_cache(c, kv, kvl, &mc) < 0) return -1;
+    CU_REQUIRE(q->cols == (int64_t)n_heads * kv->head_dim && out->rows == q->rows &&
+                   out->cols == (int64_t)n_heads * kvl,
+               "mla_attention: q [%lld, %lld], out [%lld, %lld] for %d heads of %d (kv_lora_rank %d)",
+               (long long)q->rows, (long long)q->cols, (long long)out->rows, (long long)out->cols, n_heads,
+               kv->head_dim, kvl);
+    const size_t need = kn_mla_scratch_bytes(b->n_tokens, n_heads, b->max_len, kvl);
+    CU_REQUIRE(need <= c->scratch_bytes,
+               "MLA attention of %d tokens x %d heads up to %d positions (kv_lora_rank %d) needs %zu scratch bytes; "
+               "sized for %zu (bk_cuda_opts.mla_kv_lora_rank %d)",
+               b->n_tokens, n_heads, b->max_len, kvl, need, c->scratch_bytes, c->o.mla_kv_lora_rank);
+    CU_CHECK(kn_mla_attention(&mc, b, q->data, n_heads, scale, out->data, c->d_scratch, c->scratch_bytes,
+                              c->stream));
+    return 0;
+}
+
 static const bk_ops CUDA_OPS = {
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -576,6 +625,8 @@ static const bk_ops CUDA_OPS = {
     .weight_place = cu_weight_place,
     .meta_upload = cu_meta_upload,
     .meta_release = cu_meta_release,
+    .mla_latent_write = cu_mla_latent_write,
+    .mla_attention = cu_mla_attention,
 };
 
 /* ------------------------------------------------------------ create / destroy */
@@ -583,7 +634,10 @@ static const bk_ops CUDA_OPS = {
 static int32_t cu_bt_cap(const bk_cuda_opts *o) { return (o->max_len + o->block_size - 1) / o->block_size; }
 
 static size_t cu_scratch_need(const bk_cuda_opts *o) {
-    return kn_attn_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->max_head_dim);
+    const size_t a = kn_attn_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->max_head_dim);
+    const size_t mla =
+        o->mla_kv_lora_rank > 0 ? kn_mla_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->mla_kv_lora_rank) : 0;
+    return a > mla ? a : mla;
 }
 
 size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {

@@ -38,6 +38,8 @@ typedef struct bk_cuda_opts {
     int32_t max_heads;       /* query heads of an attention call (scratch) */
     int32_t max_head_dim;    /* head_dim of an attention call (scratch); <= KN_ATTN_MAX_HEAD_DIM */
     size_t staging_bytes;    /* pinned host staging for weight uploads; 0 = 64 MiB */
+    int32_t mla_kv_lora_rank; /* DeepSeek-V3 MLA: kv_lora_rank of mla_attention calls (its scratch, with
+                                 max_tokens / max_heads / max_len); 0 = no MLA */
 } bk_cuda_opts;
 
 /* Device memory the backend carves for itself out of the arena for opts

@@ -248,3 +248,49 @@ int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2
     }
     return 0;
 }
+
+/* MLA (kernels/kn_mla.h) as the CPU backend's mla ops on the bf16 latent plane: the fake checks the
+ * plumbing (device pointers, metadata, scratch size), not kn_mla's arithmetic (tests/kernels/test_kn_mla.c
+ * on a GPU and tools/kn_emu do that). */
+static int fake_mla_meta(const kn_mla_cache *c, const kn_attn_batch *b, bk_attn_meta *m, const int32_t **rows,
+                         bk_kv_layer *l) {
+    const int32_t D = c->kv_lora_rank + c->rope_dim;
+    DEV(c->lat, (size_t)c->n_blocks * c->block_size * D * 2);
+    if (b->n_seqs > 256) return cudaErrorInvalidValue;
+    const kn_paged_kv kv = {NULL, NULL, c->block_size, 1, D, c->n_blocks}; /* the metadata rules only */
+    if (fake_meta(b, &kv, m, rows)) return cudaErrorInvalidValue;
+    *l = (bk_kv_layer){NULL, NULL, c->block_size, 1, D, c->n_blocks, c->lat, c->lat};
+    return 0;
+}
+int kn_mla_latent_write(const kn_mla_cache *c, const kn_attn_batch *b, const float *lat, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    bk_kv_layer l;
+    F32(lat, (size_t)b->n_tokens * (c->kv_lora_rank + c->rope_dim));
+    if (fake_mla_meta(c, b, &m, rows, &l)) return cudaErrorInvalidValue;
+    bk_tensor lt = bk_wrap_f32((float *)lat, b->n_tokens, c->kv_lora_rank + c->rope_dim);
+    return fake_cpu()->ops->mla_latent_write(fake_cpu()->ctx, &l, &m, &lt, c->kv_lora_rank) ? cudaErrorInvalidValue : 0;
+}
+size_t kn_mla_scratch_bytes(int32_t T, int32_t nh, int32_t max_len, int32_t kvl) {
+    if (T <= 0 || nh <= 0 || max_len <= 0 || kvl <= 0) return 0;
+    size_t f = (size_t)T * nh * (size_t)((max_len + KN_MLA_SPLIT - 1) / KN_MLA_SPLIT) * ((size_t)kvl + 2) * 4;
+    return (f + 255) / 256 * 256;
+}
+int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t nh, float scale,
+                     float *out, void *scratch, size_t scratch_bytes, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    bk_kv_layer l;
+    const int32_t D = c->kv_lora_rank + c->rope_dim, T = b->n_tokens;
+    F32(q, (size_t)T * nh * D); F32(out, (size_t)T * nh * c->kv_lora_rank);
+    DEV(scratch, scratch_bytes);
+    if (scratch_bytes < kn_mla_scratch_bytes(T, nh, b->max_len, c->kv_lora_rank)) return cudaErrorInvalidValue;
+    if (fake_mla_meta(c, b, &m, rows, &l)) return cudaErrorInvalidValue;
+    bk_tensor qt = bk_wrap_f32((float *)q, T, (int64_t)nh * D), ot = bk_wrap_f32(out, T, (int64_t)nh * c->kv_lora_rank);
+    return fake_cpu()->ops->mla_attention(fake_cpu()->ctx, &l, &m, &qt, nh, c->kv_lora_rank, scale, &ot)
+               ? cudaErrorInvalidValue : 0;
+}

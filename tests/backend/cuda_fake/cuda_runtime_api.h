@@ -72,6 +72,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 #define kn_attention fake_kn_attention
 #define kn_attn_scratch_bytes fake_kn_attn_scratch_bytes
 #define kn_argmax fake_kn_argmax
+#define kn_mla_latent_write fake_kn_mla_latent_write
+#define kn_mla_attention fake_kn_mla_attention
+#define kn_mla_attention_mma fake_kn_mla_attention_mma
+#define kn_mla_scratch_bytes fake_kn_mla_scratch_bytes
 /* and the backend's own entry points, so both copies can live in one binary */
 #define bk_cuda_create fake_bk_cuda_create
 #define bk_cuda_destroy fake_bk_cuda_destroy
