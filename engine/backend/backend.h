@@ -179,6 +179,21 @@ typedef struct bk_attn_meta {
     void *dev;                           /* backend-private device copy, or NULL */
 } bk_attn_meta;
 
+/* DeepSeek-V3 MoE (issue 19; the moe_* ops). One layer's routed experts as
+ * moe_place left them in backend memory, in the backend's own layout (CUDA:
+ * kernels/kn_moe.h KN_I4IL w13 [E][2I][H/8] u32, s13 [E][2I][H/32] bf16, w2
+ * [E][H][I/8], s2 [E][H][I/32]); the caller frees the four with buf_free. */
+typedef struct bk_moe_experts {
+    int32_t E, H, I;
+    void *w13, *s13, *w2, *s2;
+} bk_moe_experts;
+/* noaux_tc routing configuration (hf_config's fields of the same names). */
+typedef struct bk_moe_cfg {
+    int32_t E, k, n_group, topk_group;
+    bool norm_topk_prob;
+    float routed_scaling;
+} bk_moe_cfg;
+
 /* The ops. Activations are bk_tensor f32 [T, dim] (T = tokens of the call,
  * x->rows); unless stated otherwise an output must not alias an input.
  * Ops returning int return 0, or -1 on failure (allocation, a device error,
@@ -272,6 +287,20 @@ typedef struct bk_ops {
      * columns (same bits); CUDA: kn_mla_attention (kernels/kn_mla.h), bf16 planes only. */
     int (*mla_attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
                          int32_t n_heads, int32_t kv_lora_rank, float scale, bk_tensor *out);
+
+    /* --- DeepSeek-V3 MoE block (issue 19). NULL on the CPU backend: the model's own MoE code
+     * (deepseek_v3_fwd.c moe_forward over matmul on BK_W_I4G32) IS the CPU path and the reference. */
+    /* Places E routed experts (gate[e], up[e] [I, H], down[e] [H, I], BK_W_I4G32 host views with
+     * row_bytes == cols / 2) into *out in the backend's layout (CUDA: repacked with kn_moe_pack_expert,
+     * uploaded). Load time only. */
+    int (*moe_place)(void *ctx, int32_t E, const bk_weight *gate, const bk_weight *up, const bk_weight *down,
+                     bk_moe_experts *out);
+    /* y [T, H] = sum over the k experts that noaux_tc routing (dsv3_route's semantics) picks from
+     * logits F32 [T, E] (the router matmul) and bias F32 [1, E], in ascending expert id, of
+     * w x down(silu(gate(x)) * up(x)), then + shared [T, H] (NULL: none): moe_forward's order and
+     * roundings (kernels/kn_moe.h kn_moe_experts). x F32 [T, H]; y must not alias x or shared. */
+    int (*moe)(void *ctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, const bk_tensor *logits,
+               const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y);
 } bk_ops;
 
 typedef struct backend {

@@ -1,11 +1,13 @@
 /*
- * test_cuda_mla_ops.c: the CUDA backend's DeepSeek-V3 MLA ops (backend.h
- * mla_latent_write / mla_attention: engine/backend/cuda_backend.c over
- * kernels/kn_mla.h) against the CPU backend's (the attention op on the bf16
- * latent plane + the c_kv columns: what deepseek_v3_fwd.c mla_absorbed
- * computes), on a bf16 latent plane at two shapes: a Kimi-K2.5 TP-8 rank (8
- * heads, kv_lora_rank 512, rope 64) and the Kimi miniature (4 heads, 32, 16).
+ * test_cuda_dsv3_ops.c: the CUDA backend's DeepSeek-V3 ops against the CPU
+ * (issue 19): MLA (backend.h mla_latent_write / mla_attention over
+ * kernels/kn_mla.h) and the MoE block (moe_place / moe over kn_moe_pack +
+ * kernels/kn_moe.h).
  *
+ * MLA, against the CPU backend's mla ops (the attention op on the bf16
+ * latent plane + the c_kv columns: what deepseek_v3_fwd.c mla_absorbed
+ * computes), at two shapes: a Kimi-K2.5 TP-8 rank (8 heads, kv_lora_rank
+ * 512, rope 64) and the Kimi miniature (4 heads, 32, 16).
  * Per shape: a prefill step writes the context of 3 sequences (37, 130 and 5
  * positions, their blocks scattered backwards over the pool) through
  * mla_latent_write on both backends; then a mixed step (a decode token, a
@@ -19,12 +21,24 @@
  *     head, column or position moves it to >= ~1e-4, tests/kernels/test_kn_mla.c),
  *     and no NaN;
  *   - refusals: an f32 plane, a kv_lora_rank >= the latent width.
+ * MoE, against an independent host reference written from moe_forward's
+ * definition (dsv3_route per token, each chosen expert through the CPU
+ * backend's BK_W_I4G32 matmul on the checkpoint's words, silu_mul, y = 0;
+ * y += ye * w in ascending expert id; y += shared): random int4 experts
+ * (every nibble, bf16 scales in [2^-8, 2^-6)), two configs (16 experts top 4
+ * with 4 groups / 2 kept, norm, scale 2.5, a shared expert; 8 experts top 2,
+ * no groups, no norm, no shared), T = 1, 5, 33 (the op's buffers grow): on a
+ * GPU NMSE <= 1e-9 and max|diff| <= 1e-4 max|y| (kn_moe's bounds: f32
+ * activations, the same bf16 dequantised values, different summation order);
+ * a non-int4 expert is refused by moe_place.
  * Built twice: label gpu against the real kernels (exits 77 without a GPU),
- * and backend_cuda_mla_on_fake against tests/backend/cuda_fake.c, whose
- * kn_mla_* run the CPU backend's own mla ops on the recorded "device"
- * memory: there the results must be bitwise equal (and every pointer the
- * glue passes must be device memory). The fake checks the glue's plumbing
- * (shapes, metadata, scratch, pointers), NOT kn_mla's arithmetic.
+ * and backend_cuda_dsv3_on_fake against tests/backend/cuda_fake.c, whose
+ * kn_mla_* run the CPU backend's own mla ops and whose kn_moe_* run
+ * dsv3_route + the CPU backend's I4G32 matmul on the words unpacked from the
+ * repacked layout, on the recorded "device" memory: there the results must
+ * be bitwise equal (and every pointer the glue passes must be device
+ * memory). The fake checks the glue's plumbing (shapes, metadata, scratch,
+ * repacking, pointers), NOT the kernels' arithmetic.
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +48,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/cuda_backend.h"
+#include "engine/model/deepseek_v3.h"
 #include "tests/kernels/kn_harness.h"
 
 #ifdef bk_cuda_create /* tests/backend/cuda_fake/cuda_runtime_api.h renamed the backend: the fake device */
@@ -160,6 +175,111 @@ static void test_shape(const shape *s) {
     free(p.h);
 }
 
+/* ------------------------------------------------------------ MoE */
+
+typedef struct moe_case { const char *name; bk_moe_cfg cfg; int32_t H, I; int shared; } moe_case;
+
+static uint16_t rand_scale(void) {
+    const uint64_t r = (uint64_t)((frand() + 1.0f) * 1048576.0f);
+    return (uint16_t)(((uint64_t)(119 + (r & 1)) << 7) | ((r >> 1) & 0x7f));
+}
+static bk_weight rand_i4(int64_t rows, int64_t cols) {
+    uint32_t *w = malloc(sizeof(uint32_t) * (size_t)(rows * cols / 8));
+    uint16_t *sc = malloc(sizeof(uint16_t) * (size_t)(rows * cols / 32));
+    for (int64_t i = 0; i < rows * cols / 8; i++)
+        w[i] = (uint32_t)((frand() + 1.0f) * 32768.0f) << 16 ^ (uint32_t)((frand() + 1.0f) * 32768.0f);
+    for (int64_t i = 0; i < rows * cols / 32; i++) sc[i] = rand_scale();
+    return (bk_weight){BK_W_I4G32, rows, cols, w, (size_t)cols / 2, sc};
+}
+
+/* moe_forward's definition on the host: routing, experts in ascending id, y += ye * w, + shared */
+static void moe_ref(const moe_case *mc, const bk_weight *g, const bk_weight *u, const bk_weight *d, const float *logits,
+                    const float *bias, const float *x, const float *shared, int32_t T, float *y) {
+    const int32_t E = mc->cfg.E, k = mc->cfg.k, H = mc->H, I = mc->I;
+    hf_config c = {0};
+    c.n_routed_experts = E, c.n_experts_per_tok = k, c.n_group = mc->cfg.n_group, c.topk_group = mc->cfg.topk_group;
+    c.norm_topk_prob = mc->cfg.norm_topk_prob, c.routed_scaling = mc->cfg.routed_scaling;
+    float scr[2 * 64], w[64], gb[2 * 1024], ye[1024];
+    int32_t ids[64];
+    for (int32_t t = 0; t < T; t++) {
+        dsv3_route(&c, logits + (size_t)t * E, bias, scr, ids, w);
+        float *yt = y + (size_t)t * H;
+        memset(yt, 0, sizeof(float) * (size_t)H);
+        for (int32_t e = 0; e < E; e++)
+            for (int32_t j = 0; j < k; j++) {
+                if (ids[j] != e) continue;
+                bk_matmul_f32(cpu, &g[e], x + (size_t)t * H, 1, gb);
+                bk_matmul_f32(cpu, &u[e], x + (size_t)t * H, 1, gb + I);
+                bk_tensor gt = bk_wrap_f32(gb, 1, I), ut = bk_wrap_f32(gb + I, 1, I);
+                cpu->ops->silu_mul(cpu->ctx, &gt, &ut, &gt);
+                bk_matmul_f32(cpu, &d[e], gb, 1, ye);
+                for (int32_t i = 0; i < H; i++) yt[i] += ye[i] * w[j];
+            }
+        if (shared) {
+            bk_tensor a = bk_wrap_f32(yt, 1, H), b = bk_wrap_f32((float *)shared + (size_t)t * H, 1, H);
+            cpu->ops->add(cpu->ctx, &a, &b);
+        }
+    }
+}
+
+static void test_moe(const moe_case *mc) {
+    const int32_t E = mc->cfg.E, H = mc->H, I = mc->I;
+    bk_weight *g = calloc((size_t)E, sizeof *g), *u = calloc((size_t)E, sizeof *u), *d = calloc((size_t)E, sizeof *d);
+    for (int32_t e = 0; e < E; e++) g[e] = rand_i4(I, H), u[e] = rand_i4(I, H), d[e] = rand_i4(H, I);
+    bk_moe_experts ex;
+    bk_weight bad = g[E - 1];
+    bad.type = BK_W_BF16;
+    g[E - 1] = bad;
+    EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == -1, "%s: a bf16 expert must be refused", mc->name);
+    g[E - 1].type = BK_W_I4G32;
+    EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == 0, "%s: moe_place", mc->name);
+    float bias[64];
+    for (int32_t e = 0; e < E; e++) bias[e] = frand() * 0.1f;
+    bk_tensor dbias = dup(bias, 1, E);
+    static const int32_t Ts[] = {1, 5, 33};
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int32_t T = Ts[ti];
+        float *x = malloc(sizeof(float) * (size_t)T * H), *lg = malloc(sizeof(float) * (size_t)T * E);
+        float *sh = malloc(sizeof(float) * (size_t)T * H), *yr = malloc(sizeof(float) * (size_t)T * H);
+        float *yd = malloc(sizeof(float) * (size_t)T * H);
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] = frand() * 1.7f, sh[i] = frand() * 0.05f;
+        for (size_t i = 0; i < (size_t)T * E; i++) lg[i] = frand() * 3.0f;
+        moe_ref(mc, g, u, d, lg, bias, x, mc->shared ? sh : NULL, T, yr);
+        bk_tensor dx = dup(x, T, H), dl = dup(lg, T, E), ds = dup(sh, T, H), dy = {0};
+        bk_tensor_alloc(dev, BK_F32, T, H, &dy);
+        EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, mc->shared ? &ds : NULL, &dy) == 0,
+               "%s T %d: moe", mc->name, T);
+        EXPECT(dev->ops->download(dev->ctx, yd, dy.data, sizeof(float) * (size_t)T * H) == 0, "%s: download", mc->name);
+        double mx = 0, md = 0;
+        int nan = 0;
+        for (size_t i = 0; i < (size_t)T * H; i++) {
+            nan += isnan(yd[i]) || isnan(yr[i]);
+            if (fabs(yr[i]) > mx) mx = fabs(yr[i]);
+            if (fabs(yd[i] - yr[i]) > md) md = fabs(yd[i] - yr[i]);
+        }
+        const double e = kn_nmse(yd, yr, (size_t)T * H);
+        EXPECT(!nan && mx > 0, "%s T %d: %d NaN, max|y| %g", mc->name, T, nan, mx);
+        if (ON_FAKE)
+            EXPECT(!memcmp(yd, yr, sizeof(float) * (size_t)T * H), "%s T %d: the fake device must give the reference's bits",
+                   mc->name, T);
+        else
+            EXPECT(e <= 1e-9 && md <= 1e-4 * mx, "%s T %d: NMSE %.3g (bound 1e-9), max diff %.3g of max|y| %.3g (bound 1e-4)",
+                   mc->name, T, e, md, mx);
+        printf("%s T %d: moe NMSE %.3g, max diff %.3g of max|y| %.3g vs the host reference (bound %s)\n", mc->name, T, e,
+               md, mx, ON_FAKE ? "bitwise" : "1e-9 / 1e-4");
+        bk_tensor_free(dev, &dx), bk_tensor_free(dev, &dl), bk_tensor_free(dev, &ds), bk_tensor_free(dev, &dy);
+        free(x), free(lg), free(sh), free(yr), free(yd);
+    }
+    bk_tensor_free(dev, &dbias);
+    dev->ops->buf_free(dev->ctx, ex.w13), dev->ops->buf_free(dev->ctx, ex.s13);
+    dev->ops->buf_free(dev->ctx, ex.w2), dev->ops->buf_free(dev->ctx, ex.s2);
+    for (int32_t e = 0; e < E; e++) {
+        bk_weight *w3[3] = {&g[e], &u[e], &d[e]};
+        for (int j = 0; j < 3; j++) free((void *)w3[j]->data), free((void *)w3[j]->scales);
+    }
+    free(g), free(u), free(d);
+}
+
 int main(void) {
     kn_harness_require_gpu();
     for (int32_t q = 0; q < NSEQ; q++) { /* blocks scattered backwards over the pool */
@@ -178,6 +298,11 @@ int main(void) {
     }
     static const shape shapes[] = {{"kimi-tp8-rank", 8, 512, 64}, {"kimi-mini", 4, 32, 16}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) test_shape(&shapes[i]);
+    static const moe_case moes[] = {
+        {"moe-16x4-grouped", {16, 4, 4, 2, true, 2.5f}, 256, 64, 1},
+        {"moe-8x2-plain", {8, 2, 1, 1, false, 1.0f}, 128, 32, 0},
+    };
+    for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
 #if ON_FAKE
     EXPECT(fake_violations == 0, "%d host pointers reached the fake kernels", fake_violations);
 #endif
