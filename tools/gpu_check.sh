@@ -120,6 +120,8 @@ fi
 [ -x "$(dirname "$BENCH")/kn_moe_bench" ] && run_step kn_moe_bench 120 "$(dirname "$BENCH")/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
 [ -x "$BUILD/tests/comm/comm_gpu_bench" ] && run_step comm_gpu_bench 120 "$BUILD/tests/comm/comm_gpu_bench" --json "$OUT/comm_gpu_bench.jsonl" --iters 100 --nccl-iters 20
 run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
+# the measured step (issue 19): one TP-8 rank of Kimi-K2.5 on this GPU; exits 3 with the reason when it does not fit
+run_step kimi_step_bench 150 sh -c '[ -x "$1" ] || { echo "kimi_step_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kimi_step_bench" "$OUT/kimi_step_bench.jsonl"
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"

@@ -211,6 +211,20 @@ typedef struct bk_verify_seq {
     bool greedy;
     const double *u;                  /* [n_draft + 2], unused when greedy */
 } bk_verify_seq;
+/* DeepSeek-V3 MoE (issue 19; the moe_* ops). One layer's routed experts as
+ * moe_place left them in backend memory, in the backend's own layout (CUDA:
+ * kernels/kn_moe.h KN_I4IL w13 [E][2I][H/8] u32, s13 [E][2I][H/32] bf16, w2
+ * [E][H][I/8], s2 [E][H][I/32]); the caller frees the four with buf_free. */
+typedef struct bk_moe_experts {
+    int32_t E, H, I;
+    void *w13, *s13, *w2, *s2;
+} bk_moe_experts;
+/* noaux_tc routing configuration (hf_config's fields of the same names). */
+typedef struct bk_moe_cfg {
+    int32_t E, k, n_group, topk_group;
+    bool norm_topk_prob;
+    float routed_scaling;
+} bk_moe_cfg;
 
 /* The ops. Activations are bk_tensor f32 [T, dim] (T = tokens of the call,
  * x->rows); unless stated otherwise an output must not alias an input.
@@ -304,6 +318,34 @@ typedef struct bk_ops {
     int (*sample)(void *ctx, const bk_tensor *logits, const bk_sample_row *rows, int32_t n_rows,
                   const bk_verify_seq *verify, int32_t n_verify, int32_t *ids, int32_t *n_accepted,
                   int32_t *out_tokens);
+    /* --- DeepSeek-V3 / Kimi-K2.5 absorbed MLA on the latent plane (issue 19). kv: ONE plane used as K
+     * and as V (k == v, or k16 == v16 on a bf16 plane), n_kv_heads 1, head_dim D = kv_lora_rank + rope
+     * dims (the latent [c_kv | k_pe]). NULL on a backend without them (the model then calls kv_write /
+     * attention, the same bits on the CPU). */
+    /* Writes the step's latent rows lat F32 [T, D] at each token's (seq, pos) slot: exactly
+     * kv_write(kv, m, lat, lat) (bf16 planes: round to nearest even). */
+    int (*mla_latent_write)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *lat,
+                            int32_t kv_lora_rank);
+    /* q F32 [T, n_heads * D] (per head [q_lat | q_pe]) -> out F32 [T, n_heads * kv_lora_rank]: per head
+     * the first kv_lora_rank values of attention(kv, m, q, n_heads, scale) over the plane (the c_kv part
+     * of sum_p softmax_p latent_p; the k_pe part is not produced). CPU: that attention op, then the
+     * columns (same bits); CUDA: kn_mla_attention (kernels/kn_mla.h), bf16 planes only. */
+    int (*mla_attention)(void *ctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
+                         int32_t n_heads, int32_t kv_lora_rank, float scale, bk_tensor *out);
+
+    /* --- DeepSeek-V3 MoE block (issue 19). NULL on the CPU backend: the model's own MoE code
+     * (deepseek_v3_fwd.c moe_forward over matmul on BK_W_I4G32) IS the CPU path and the reference. */
+    /* Places E routed experts (gate[e], up[e] [I, H], down[e] [H, I], BK_W_I4G32 host views with
+     * row_bytes == cols / 2) into *out in the backend's layout (CUDA: repacked with kn_moe_pack_expert,
+     * uploaded). Load time only. */
+    int (*moe_place)(void *ctx, int32_t E, const bk_weight *gate, const bk_weight *up, const bk_weight *down,
+                     bk_moe_experts *out);
+    /* y [T, H] = sum over the k experts that noaux_tc routing (dsv3_route's semantics) picks from
+     * logits F32 [T, E] (the router matmul) and bias F32 [1, E], in ascending expert id, of
+     * w x down(silu(gate(x)) * up(x)), then + shared [T, H] (NULL: none): moe_forward's order and
+     * roundings (kernels/kn_moe.h kn_moe_experts). x F32 [T, H]; y must not alias x or shared. */
+    int (*moe)(void *ctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, const bk_tensor *logits,
+               const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y);
 } bk_ops;
 
 typedef struct backend {

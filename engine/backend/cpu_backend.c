@@ -387,6 +387,45 @@ static int cpu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
 static int cpu_meta_upload(void *vctx, bk_attn_meta *m) { (void)vctx; m->dev = NULL; return 0; }
 static void cpu_meta_release(void *vctx, bk_attn_meta *m) { (void)vctx; m->dev = NULL; }
 
+/* Absorbed MLA (backend.h): exactly kv_write(lat, lat) and attention + the first kvl columns per head,
+ * so a model calling these gets the bits of the two older ops. */
+static int cpu_mla_check(const bk_kv_layer *kv, int32_t kvl) {
+    if (kv->n_kv_heads != 1 || kv->k != kv->v || kv->k16 != kv->v16 || kvl <= 0 || kvl > kv->head_dim) {
+        LOG_ERROR("mla: not one latent plane (n_kv_heads %d, head_dim %d, kv_lora_rank %d, K %s V)", kv->n_kv_heads,
+                  kv->head_dim, kvl, kv->k == kv->v && kv->k16 == kv->v16 ? "==" : "!=");
+        return -1;
+    }
+    return 0;
+}
+static int cpu_mla_latent_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *lat,
+                                int32_t kvl) {
+    if (cpu_mla_check(kv, kvl) < 0) return -1;
+    return cpu_kv_write(vctx, kv, m, lat, lat);
+}
+static int cpu_mla_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
+                             int32_t n_heads, int32_t kvl, float scale, bk_tensor *out) {
+    if (cpu_mla_check(kv, kvl) < 0) return -1;
+    const int64_t T = q->rows, D = kv->head_dim;
+    if (q->cols != n_heads * D || out->rows != T || out->cols != (int64_t)n_heads * kvl) {
+        LOG_ERROR("mla_attention: q [%lld, %lld], out [%lld, %lld] for %d heads of %lld (kv_lora_rank %d)",
+                  (long long)q->rows, (long long)q->cols, (long long)out->rows, (long long)out->cols, n_heads,
+                  (long long)D, kvl);
+        return -1;
+    }
+    const size_t nfull = (size_t)T * (size_t)n_heads * (size_t)D;
+    float *full = malloc(sizeof(float) * (nfull ? nfull : 1));
+    if (!full) {
+        LOG_ERROR("mla_attention: out of memory for %lld tokens", (long long)T);
+        return -1;
+    }
+    bk_tensor ft = bk_wrap_f32(full, T, n_heads * D);
+    int rc = cpu_attention(vctx, kv, m, q, n_heads, scale, &ft);
+    if (rc >= 0)
+        for (int64_t i = 0; i < T * n_heads; i++) memcpy(bk_f32(out) + i * kvl, full + i * D, sizeof(float) * (size_t)kvl);
+    free(full);
+    return rc < 0 ? -1 : 0;
+}
+
 float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
     cpu_scratch *sc = &ctx->scratch[tid];
     if (n > sc->cap) {
@@ -419,6 +458,8 @@ static const bk_ops CPU_OPS = {
     .weight_place = cpu_weight_place,
     .meta_upload = cpu_meta_upload,
     .meta_release = cpu_meta_release,
+    .mla_latent_write = cpu_mla_latent_write,
+    .mla_attention = cpu_mla_attention,
 };
 
 float cpu_fp16_f32[65536];

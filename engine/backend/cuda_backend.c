@@ -85,6 +85,8 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
 #include "kernels/kn_attn.h"
 #include "kernels/kn_linear.h"
 #include "kernels/kn_sample.h"
+#include "kernels/kn_mla.h"
+#include "kernels/kn_moe.h"
 
 /* Checks a cuda* / kn_* return value inside a function returning int. */
 #define CU_CHECK(call)                                                                                  \
@@ -150,6 +152,12 @@ typedef struct cu_ctx {
     int32_t sm_vocab;
     char name[256];
     char desc[512];
+    /* MoE (cu_moe): routing ids / weights and kn_moe_experts' workspace, grown to the largest step seen */
+    int32_t *moe_ids;
+    float *moe_w;
+    void *moe_ws;
+    size_t moe_ws_bytes;
+    int32_t moe_cap_rows;           /* T * k the ids / weights hold */
 } cu_ctx;
 
 static size_t cu_round(size_t n) { return (n + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN; }
@@ -766,6 +774,141 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
     return 0;
 }
 
+/* DeepSeek-V3 absorbed MLA on the bf16 latent plane (kernels/kn_mla.h; backend.h mla_*). */
+static int cu_mla_cache(const cu_ctx *c, const bk_kv_layer *kv, int32_t kvl, kn_mla_cache *out) {
+    CU_REQUIRE(kv->k16 && kv->k16 == kv->v16 && !kv->k && kv->n_kv_heads == 1,
+               "MLA on the CUDA backend needs one bf16 latent plane (k16 == v16, one KV head; the model's "
+               "latent_bf16)");
+    CU_REQUIRE(kvl > 0 && kvl < kv->head_dim && kv->head_dim <= KN_MLA_MAX_LATENT && kvl <= KN_MLA_MAX_KVL,
+               "MLA latent of %d = kv_lora_rank %d + rope: kn_mla takes kv_lora_rank <= %d, latent <= %d",
+               kv->head_dim, kvl, KN_MLA_MAX_KVL, KN_MLA_MAX_LATENT);
+    CU_REQUIRE(kv->block_size == c->o.block_size,
+               "KV layer of block size %d; this backend's block tables were sized for %d", kv->block_size,
+               c->o.block_size);
+    *out = (kn_mla_cache){kv->k16, kv->block_size, kvl, kv->head_dim - kvl, kv->n_blocks};
+    return 0;
+}
+
+static int cu_mla_latent_write(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *lat,
+                               int32_t kvl) {
+    cu_ctx *c = vctx;
+    const kn_attn_batch *b = cu_meta(c, m, lat->rows);
+    kn_mla_cache mc;
+    if (!b || cu_mla_cache(c, kv, kvl, &mc) < 0) return -1;
+    CU_REQUIRE(lat->cols == kv->head_dim, "mla_latent_write: lat [%lld, %lld], latent %d", (long long)lat->rows,
+               (long long)lat->cols, kv->head_dim);
+    CU_CHECK(kn_mla_latent_write(&mc, b, lat->data, c->stream));
+    return 0;
+}
+
+static int cu_mla_attention(void *vctx, const bk_kv_layer *kv, const bk_attn_meta *m, const bk_tensor *q,
+                            int32_t n_heads, int32_t kvl, float scale, bk_tensor *out) {
+    cu_ctx *c = vctx;
+    const kn_attn_batch *b = cu_meta(c, m, q->rows);
+    kn_mla_cache mc;
+    if (!b || cu_mla_cache(c, kv, kvl, &mc) < 0) return -1;
+    CU_REQUIRE(q->cols == (int64_t)n_heads * kv->head_dim && out->rows == q->rows &&
+                   out->cols == (int64_t)n_heads * kvl,
+               "mla_attention: q [%lld, %lld], out [%lld, %lld] for %d heads of %d (kv_lora_rank %d)",
+               (long long)q->rows, (long long)q->cols, (long long)out->rows, (long long)out->cols, n_heads,
+               kv->head_dim, kvl);
+    const size_t need = kn_mla_scratch_bytes(b->n_tokens, n_heads, b->max_len, kvl);
+    CU_REQUIRE(need <= c->scratch_bytes,
+               "MLA attention of %d tokens x %d heads up to %d positions (kv_lora_rank %d) needs %zu scratch bytes; "
+               "sized for %zu (bk_cuda_opts.mla_kv_lora_rank %d)",
+               b->n_tokens, n_heads, b->max_len, kvl, need, c->scratch_bytes, c->o.mla_kv_lora_rank);
+    CU_CHECK(kn_mla_attention(&mc, b, q->data, n_heads, scale, out->data, c->d_scratch, c->scratch_bytes,
+                              c->stream));
+    return 0;
+}
+
+/* DeepSeek-V3 MoE (kernels/kn_moe.h; backend.h moe_*). */
+static int cu_moe_place(void *vctx, int32_t E, const bk_weight *gate, const bk_weight *up, const bk_weight *down,
+                        bk_moe_experts *out) {
+    cu_ctx *c = vctx;
+    *out = (bk_moe_experts){0};
+    CU_REQUIRE(E >= 1 && gate && up && down, "moe_place: %d experts", E);
+    const int64_t I = gate[0].rows, H = gate[0].cols;
+    for (int32_t e = 0; e < E; e++) {
+        const bk_weight *w3[3] = {&gate[e], &up[e], &down[e]};
+        for (int j = 0; j < 3; j++)
+            CU_REQUIRE(w3[j]->type == BK_W_I4G32 && w3[j]->scales && w3[j]->row_bytes == (size_t)w3[j]->cols / 2 &&
+                           w3[j]->rows == (j < 2 ? I : H) && w3[j]->cols == (j < 2 ? H : I),
+                       "moe_place: expert %d %s: [%lld, %lld] type %d row_bytes %zu; want int4 g32 [%lld, %lld] "
+                       "packed rows",
+                       e, j == 0 ? "gate" : j == 1 ? "up" : "down", (long long)w3[j]->rows, (long long)w3[j]->cols,
+                       (int)w3[j]->type, w3[j]->row_bytes, (long long)(j < 2 ? I : H), (long long)(j < 2 ? H : I));
+    }
+    CU_REQUIRE(H % 32 == 0 && I % 32 == 0 && H <= INT32_MAX && I <= INT32_MAX, "moe_place: H %lld, I %lld",
+               (long long)H, (long long)I);
+    const size_t n13 = kn_moe_w13_words(E, (int32_t)H, (int32_t)I), c13 = kn_moe_s13_count(E, (int32_t)H, (int32_t)I);
+    const size_t n2 = kn_moe_w2_words(E, (int32_t)H, (int32_t)I), c2 = kn_moe_s2_count(E, (int32_t)H, (int32_t)I);
+    uint32_t *w13 = malloc(n13 * 4), *w2 = malloc(n2 * 4);
+    uint16_t *s13 = malloc(c13 * 2), *s2 = malloc(c2 * 2);
+    int rc = -1;
+    if (!w13 || !w2 || !s13 || !s2) {
+        LOG_ERROR("cuda backend: moe_place: out of host memory for %d experts", E);
+        goto done;
+    }
+    for (int32_t e = 0; e < E; e++)
+        if (kn_moe_pack_expert(E, (int32_t)H, (int32_t)I, e, gate[e].data, gate[e].scales, up[e].data, up[e].scales,
+                               down[e].data, down[e].scales, w13, s13, w2, s2) < 0) {
+            LOG_ERROR("cuda backend: moe_place: expert %d does not repack", e);
+            goto done;
+        }
+    out->w13 = cu_buf_alloc(c, n13 * 4), out->s13 = cu_buf_alloc(c, c13 * 2);
+    out->w2 = cu_buf_alloc(c, n2 * 4), out->s2 = cu_buf_alloc(c, c2 * 2);
+    if (!out->w13 || !out->s13 || !out->w2 || !out->s2 || cu_upload(c, out->w13, w13, n13 * 4) < 0 ||
+        cu_upload(c, out->s13, s13, c13 * 2) < 0 || cu_upload(c, out->w2, w2, n2 * 4) < 0 ||
+        cu_upload(c, out->s2, s2, c2 * 2) < 0) {
+        LOG_ERROR("cuda backend: moe_place: %zu device bytes for %d experts not available",
+                  n13 * 4 + c13 * 2 + n2 * 4 + c2 * 2, E);
+        cu_buf_free(c, out->w13), cu_buf_free(c, out->s13), cu_buf_free(c, out->w2), cu_buf_free(c, out->s2);
+        *out = (bk_moe_experts){0};
+        goto done;
+    }
+    out->E = E, out->H = (int32_t)H, out->I = (int32_t)I;
+    rc = 0;
+done:
+    free(w13), free(w2), free(s13), free(s2);
+    return rc;
+}
+
+static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, const bk_tensor *logits,
+                  const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y) {
+    cu_ctx *c = vctx;
+    const int64_t T = x->rows;
+    CU_REQUIRE(ex->w13 && cfg->E == ex->E && x->cols == ex->H && y->rows == T && y->cols == ex->H &&
+                   logits->rows == T && logits->cols == cfg->E && bias->rows * bias->cols == cfg->E &&
+                   (!shared || (shared->rows == T && shared->cols == ex->H)) && T >= 1 && T <= 65535 &&
+                   cfg->k >= 1 && cfg->k <= 64,
+               "moe: x [%lld, %lld], logits [%lld, %lld], y [%lld, %lld] for %d experts of [%d | %d], top %d",
+               (long long)x->rows, (long long)x->cols, (long long)logits->rows, (long long)logits->cols,
+               (long long)y->rows, (long long)y->cols, ex->E, ex->H, ex->I, cfg->k);
+    const int32_t rows = (int32_t)T * cfg->k;
+    const size_t ws = kn_moe_workspace_bytes((int32_t)T, cfg->k, ex->E, ex->H, ex->I);
+    if (rows > c->moe_cap_rows || ws > c->moe_ws_bytes) { /* grown at the first step of a larger size */
+        cu_buf_free(c, c->moe_ids), cu_buf_free(c, c->moe_w), cu_buf_free(c, c->moe_ws);
+        c->moe_ids = cu_buf_alloc(c, (size_t)rows * 4), c->moe_w = cu_buf_alloc(c, (size_t)rows * 4);
+        c->moe_ws = cu_buf_alloc(c, ws);
+        c->moe_cap_rows = rows, c->moe_ws_bytes = ws;
+        if (!c->moe_ids || !c->moe_w || !c->moe_ws) {
+            cu_buf_free(c, c->moe_ids), cu_buf_free(c, c->moe_w), cu_buf_free(c, c->moe_ws);
+            c->moe_ids = NULL, c->moe_w = NULL, c->moe_ws = NULL, c->moe_cap_rows = 0, c->moe_ws_bytes = 0;
+            LOG_ERROR("cuda backend: moe: no device memory for a %lld-token step's routing (%zu bytes)", (long long)T,
+                      ws);
+            return -1;
+        }
+    }
+    const kn_moe_route_cfg rc = {cfg->E, cfg->k, cfg->n_group, cfg->topk_group, cfg->norm_topk_prob,
+                                 cfg->routed_scaling};
+    const kn_moe_weights kw = {ex->E, ex->H, ex->I, ex->w13, ex->s13, ex->w2, ex->s2};
+    CU_CHECK(kn_moe_route(logits->data, bias->data, (int32_t)T, &rc, c->moe_ids, c->moe_w, c->stream));
+    CU_CHECK(kn_moe_experts(&kw, x->data, c->moe_ids, c->moe_w, (int32_t)T, cfg->k, shared ? shared->data : NULL,
+                            c->moe_ws, c->moe_ws_bytes, y->data, NULL, c->stream));
+    return 0;
+}
+
 static const bk_ops CUDA_OPS = {
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -788,6 +931,10 @@ static const bk_ops CUDA_OPS = {
     .meta_upload = cu_meta_upload,
     .meta_release = cu_meta_release,
     .sample = cu_sample,
+    .mla_latent_write = cu_mla_latent_write,
+    .mla_attention = cu_mla_attention,
+    .moe_place = cu_moe_place,
+    .moe = cu_moe,
 };
 
 /* ------------------------------------------------------------ create / destroy */
@@ -795,7 +942,10 @@ static const bk_ops CUDA_OPS = {
 static int32_t cu_bt_cap(const bk_cuda_opts *o) { return (o->max_len + o->block_size - 1) / o->block_size; }
 
 static size_t cu_scratch_need(const bk_cuda_opts *o) {
-    return kn_attn_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->max_head_dim);
+    const size_t a = kn_attn_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->max_head_dim);
+    const size_t mla =
+        o->mla_kv_lora_rank > 0 ? kn_mla_scratch_bytes(o->max_tokens, o->max_heads, o->max_len, o->mla_kv_lora_rank) : 0;
+    return a > mla ? a : mla;
 }
 
 size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {

@@ -41,6 +41,8 @@ typedef struct bk_cuda_opts {
     int32_t sample_vocab;    /* vocabulary of the logits bk_ops.sample sees: its scratch and staging are
                                 carved at create (and counted by bk_cuda_fixed_bytes); 0 = carved by the
                                 first step that samples (then an arena the KV filled can refuse it) */
+    int32_t mla_kv_lora_rank; /* DeepSeek-V3 MLA: kv_lora_rank of mla_attention calls (its scratch, with
+                                 max_tokens / max_heads / max_len); 0 = no MLA */
 } bk_cuda_opts;
 
 /* Device memory the backend carves for itself out of the arena for opts

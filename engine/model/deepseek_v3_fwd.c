@@ -100,10 +100,19 @@ static int mla_absorbed(model *m, int32_t l, const bk_attn_meta *am, const float
             memcpy(qa + ((size_t)t * nh + h) * D + kvl, q + ((size_t)t * nh + h) * (n + r) + n, sizeof(float) * r);
     }
     bk_kv_layer kv = model_kv_layer(m, l);
-    if (h_attention(m->be, &kv, am, qa, nh, s->softmax_scale, oa) < 0) return specd_err_set(err, "attention failed");
+    /* oa: per head sum p c_kv [T, nh, kvl] (the backend's MLA op), or the attention op's whole [T, nh, D] */
+    const bk_ops *op = m->be->ops;
+    const size_t ow = op->mla_attention ? (size_t)kvl : (size_t)D;
+    if (op->mla_attention) {
+        bk_tensor qt = bk_wrap_f32(qa, T, (int64_t)nh * D), ot = bk_wrap_f32(oa, T, (int64_t)nh * kvl);
+        if (op->mla_attention(m->be->ctx, &kv, am, &qt, nh, kvl, s->softmax_scale, &ot) < 0)
+            return specd_err_set(err, "MLA attention failed");
+    } else if (h_attention(m->be, &kv, am, qa, nh, s->softmax_scale, oa) < 0) {
+        return specd_err_set(err, "attention failed");
+    }
     /* out_h = W_UV_h (sum p c_kv) */
     for (int32_t h = 0; h < nh; h++) {
-        gather_cols(in, oa, T, (size_t)nh * D, (size_t)h * D, (size_t)kvl);
+        gather_cols(in, oa, T, (size_t)nh * ow, (size_t)h * ow, (size_t)kvl);
         MATMUL(&Y->w_uv[h], in, T, outp);
         scatter_cols(att, (size_t)nh * v, (size_t)h * v, outp, T, (size_t)v);
     }
@@ -296,7 +305,9 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
         /* latent into the paged cache (one plane: K == V) */
         bk_kv_layer kv = model_kv_layer(m, l);
         bk_tensor latt = bk_wrap_f32(lat, T, D);
-        m->be->ops->kv_write(m->be->ctx, &kv, &am, &latt, &latt);
+        if (m->be->ops->mla_latent_write ? m->be->ops->mla_latent_write(m->be->ctx, &kv, &am, &latt, kvl) < 0
+                                         : m->be->ops->kv_write(m->be->ctx, &kv, &am, &latt, &latt) < 0)
+            return specd_err_set(err, "latent write failed (layer %d)", l);
         if (s->absorbed) {
             if (mla_absorbed(m, l, &am, q, att, qabs, oabs, tmp, err) < 0) return -1;
         } else if (mla_naive(m, l, &am, q, att, err) < 0) {

@@ -386,3 +386,134 @@ int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, co
     free(res);
     return 0;
 }
+
+/* MLA (kernels/kn_mla.h) as the CPU backend's mla ops on the bf16 latent plane: the fake checks the
+ * plumbing (device pointers, metadata, scratch size), not kn_mla's arithmetic (tests/kernels/test_kn_mla.c
+ * on a GPU and tools/kn_emu do that). */
+static int fake_mla_meta(const kn_mla_cache *c, const kn_attn_batch *b, bk_attn_meta *m, const int32_t **rows,
+                         bk_kv_layer *l) {
+    const int32_t D = c->kv_lora_rank + c->rope_dim;
+    DEV(c->lat, (size_t)c->n_blocks * c->block_size * D * 2);
+    if (b->n_seqs > 256) return cudaErrorInvalidValue;
+    const kn_paged_kv kv = {NULL, NULL, c->block_size, 1, D, c->n_blocks}; /* the metadata rules only */
+    if (fake_meta(b, &kv, m, rows)) return cudaErrorInvalidValue;
+    *l = (bk_kv_layer){NULL, NULL, c->block_size, 1, D, c->n_blocks, c->lat, c->lat};
+    return 0;
+}
+int kn_mla_latent_write(const kn_mla_cache *c, const kn_attn_batch *b, const float *lat, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    bk_kv_layer l;
+    F32(lat, (size_t)b->n_tokens * (c->kv_lora_rank + c->rope_dim));
+    if (fake_mla_meta(c, b, &m, rows, &l)) return cudaErrorInvalidValue;
+    bk_tensor lt = bk_wrap_f32((float *)lat, b->n_tokens, c->kv_lora_rank + c->rope_dim);
+    return fake_cpu()->ops->mla_latent_write(fake_cpu()->ctx, &l, &m, &lt, c->kv_lora_rank) ? cudaErrorInvalidValue : 0;
+}
+size_t kn_mla_scratch_bytes(int32_t T, int32_t nh, int32_t max_len, int32_t kvl) {
+    if (T <= 0 || nh <= 0 || max_len <= 0 || kvl <= 0) return 0;
+    size_t f = (size_t)T * nh * (size_t)((max_len + KN_MLA_SPLIT - 1) / KN_MLA_SPLIT) * ((size_t)kvl + 2) * 4;
+    return (f + 255) / 256 * 256;
+}
+int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t nh, float scale,
+                     float *out, void *scratch, size_t scratch_bytes, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t *rows[256];
+    bk_attn_meta m;
+    bk_kv_layer l;
+    const int32_t D = c->kv_lora_rank + c->rope_dim, T = b->n_tokens;
+    F32(q, (size_t)T * nh * D); F32(out, (size_t)T * nh * c->kv_lora_rank);
+    DEV(scratch, scratch_bytes);
+    if (scratch_bytes < kn_mla_scratch_bytes(T, nh, b->max_len, c->kv_lora_rank)) return cudaErrorInvalidValue;
+    if (fake_mla_meta(c, b, &m, rows, &l)) return cudaErrorInvalidValue;
+    bk_tensor qt = bk_wrap_f32((float *)q, T, (int64_t)nh * D), ot = bk_wrap_f32(out, T, (int64_t)nh * c->kv_lora_rank);
+    return fake_cpu()->ops->mla_attention(fake_cpu()->ctx, &l, &m, &qt, nh, c->kv_lora_rank, scale, &ot)
+               ? cudaErrorInvalidValue : 0;
+}
+
+/* MoE (kernels/kn_moe.h): routing = dsv3_route per token, experts = the CPU backend's I4G32 matmul on the
+ * expert's words unpacked from KN_I4IL (kn_i4_unpack), silu_mul, the combine in moe_forward's order. Like the
+ * MLA fakes, a test of the glue (repacking, shapes, pointers, order), not of kn_moe's arithmetic. */
+#include "engine/model/deepseek_v3.h"
+int kn_moe_route(const float *logits, const float *bias, int32_t T, const kn_moe_route_cfg *cfg, int32_t *ids,
+                 float *w, void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    F32(logits, (size_t)T * cfg->E); F32(bias, cfg->E); DEV(ids, (size_t)T * cfg->k * 4); F32(w, (size_t)T * cfg->k);
+    hf_config c = {0};
+    c.n_routed_experts = cfg->E, c.n_experts_per_tok = cfg->k, c.n_group = cfg->n_group, c.topk_group = cfg->topk_group;
+    c.norm_topk_prob = cfg->norm_topk_prob != 0, c.routed_scaling = cfg->routed_scaling;
+    float *scr = malloc(sizeof(float) * 2 * (size_t)cfg->E);
+    if (!scr) return cudaErrorMemoryAllocation;
+    for (int32_t t = 0; t < T; t++)
+        dsv3_route(&c, logits + (size_t)t * cfg->E, bias, scr, ids + (size_t)t * cfg->k, w + (size_t)t * cfg->k);
+    free(scr);
+    return 0;
+}
+size_t kn_moe_workspace_bytes(int32_t T, int32_t k, int32_t E, int32_t H, int32_t I) {
+    (void)T, (void)k, (void)E, (void)H, (void)I;
+    return 256;
+}
+int kn_moe_dequant(const kn_moe_weights *wt, int32_t e, int which, uint16_t *out, void *stream) {
+    (void)wt, (void)e, (void)which, (void)out, (void)stream;
+    return cudaErrorInvalidValue; /* not faked */
+}
+int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids, const float *wts, int32_t T,
+                   int32_t k, const float *shared, void *ws, size_t ws_bytes, float *y, int32_t *bad_flag,
+                   void *stream) {
+    (void)stream;
+    fake_kn_calls++;
+    const int32_t E = wt->E, H = wt->H, I = wt->I;
+    DEV(wt->w13, kn_moe_w13_words(E, H, I) * 4); DEV(wt->s13, kn_moe_s13_count(E, H, I) * 2);
+    DEV(wt->w2, kn_moe_w2_words(E, H, I) * 4); DEV(wt->s2, kn_moe_s2_count(E, H, I) * 2);
+    F32(x, (size_t)T * H); DEV(ids, (size_t)T * k * 4); F32(wts, (size_t)T * k); F32(y, (size_t)T * H);
+    if (shared) F32(shared, (size_t)T * H);
+    DEV(ws, ws_bytes);
+    if (bad_flag) DEV(bad_flag, 4);
+    if (ws_bytes < kn_moe_workspace_bytes(T, k, E, H, I) || k > 64) return cudaErrorInvalidValue;
+    uint32_t *u13 = malloc(sizeof(uint32_t) * 2 * (size_t)I * (H / 8)), *u2 = malloc(sizeof(uint32_t) * (size_t)H * (I / 8));
+    float *g = malloc(sizeof(float) * 2 * (size_t)I), *ye = malloc(sizeof(float) * (size_t)H);
+    if (!u13 || !u2 || !g || !ye) { free(u13), free(u2), free(g), free(ye); return cudaErrorMemoryAllocation; }
+    backend *cb = fake_cpu();
+    for (int32_t t = 0; t < T; t++) {
+        float *yt = y + (size_t)t * H;
+        const int32_t *it = ids + (size_t)t * k;
+        int bad = 0;
+        for (int32_t j = 0; j < k; j++) {
+            bad |= it[j] < 0 || it[j] >= E;
+            for (int32_t j2 = 0; j2 < j; j2++) bad |= it[j] == it[j2];
+        }
+        if (bad) {
+            for (int32_t d = 0; d < H; d++) yt[d] = NAN;
+            if (bad_flag) *bad_flag = 1;
+            continue;
+        }
+        memset(yt, 0, sizeof(float) * (size_t)H);
+        for (int32_t e = 0; e < E; e++) /* ascending expert id */
+            for (int32_t j = 0; j < k; j++) {
+                if (it[j] != e) continue;
+                const uint32_t *w13 = wt->w13 + (size_t)e * 2 * I * (H / 8), *w2 = wt->w2 + (size_t)e * H * (I / 8);
+                const uint16_t *s13 = wt->s13 + (size_t)e * 2 * I * (H / 32), *s2 = wt->s2 + (size_t)e * H * (I / 32);
+                kn_i4_unpack(w13, 2 * I, H, u13), kn_i4_unpack(w2, H, I, u2);
+                bk_weight gw = {BK_W_I4G32, I, H, u13, (size_t)H / 2, s13};
+                bk_weight uw = {BK_W_I4G32, I, H, u13 + (size_t)I * (H / 8), (size_t)H / 2, s13 + (size_t)I * (H / 32)};
+                bk_weight dw = {BK_W_I4G32, H, I, u2, (size_t)I / 2, s2};
+                bk_tensor xt = bk_wrap_f32((float *)x + (size_t)t * H, 1, H), gt = bk_wrap_f32(g, 1, I);
+                bk_tensor ut = bk_wrap_f32(g + I, 1, I), yet = bk_wrap_f32(ye, 1, H);
+                cb->ops->matmul(cb->ctx, &gw, &xt, &gt);
+                cb->ops->matmul(cb->ctx, &uw, &xt, &ut);
+                cb->ops->silu_mul(cb->ctx, &gt, &ut, &gt);
+                cb->ops->matmul(cb->ctx, &dw, &gt, &yet);
+                const float wk = wts[(size_t)t * k + j];
+                for (int32_t d = 0; d < H; d++) yt[d] += ye[d] * wk;
+            }
+        if (shared) {
+            bk_tensor yt_t = bk_wrap_f32(yt, 1, H), st = bk_wrap_f32((float *)shared + (size_t)t * H, 1, H);
+            cb->ops->add(cb->ctx, &yt_t, &st);
+        }
+    }
+    free(u13), free(u2), free(g), free(ye);
+    return 0;
+}

@@ -76,6 +76,14 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 #define kn_spec_verify fake_kn_spec_verify
 #define kn_sample_scratch_bytes fake_kn_sample_scratch_bytes
 #define kn_philox_uniforms fake_kn_philox_uniforms
+#define kn_mla_latent_write fake_kn_mla_latent_write
+#define kn_mla_attention fake_kn_mla_attention
+#define kn_mla_attention_mma fake_kn_mla_attention_mma
+#define kn_mla_scratch_bytes fake_kn_mla_scratch_bytes
+#define kn_moe_route fake_kn_moe_route
+#define kn_moe_experts fake_kn_moe_experts
+#define kn_moe_workspace_bytes fake_kn_moe_workspace_bytes
+#define kn_moe_dequant fake_kn_moe_dequant
 /* and the backend's own entry points, so both copies can live in one binary */
 #define bk_cuda_create fake_bk_cuda_create
 #define bk_cuda_destroy fake_bk_cuda_destroy
