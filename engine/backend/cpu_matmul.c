@@ -475,7 +475,9 @@ typedef struct mm_job {
 } mm_job;
 
 /* Rows [r0, r1) for every token: each row unpacked once, then dotted with the
- * tokens four (AVX2) or eight (AVX-512) at a time. */
+ * tokens four (AVX2) or eight (AVX-512) at a time; one token on AVX-512: four
+ * rows at a time (cpu512_idot_rows: independent chains, the token's
+ * activations loaded once for the four). */
 static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     mm_job *j = va;
     const bk_weight *w = j->w;
@@ -494,6 +496,13 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
         /* AVX-512: up to 8 tokens per pass over a row; same values as AVX2 */
         const size_t sc_row = (size_t)nb * 2;
         float o8[CPU512_MAX_NT];
+        if (j->xq && j->T == 1) { /* one token (decode, a one-output LM head): four rows per pass */
+            for (int64_t r = r0; r < r1; r += 4)
+                cpu512_idot_rows(j->ctx->avx512x, (fused_kind)kind, r1 - r < 4 ? (int)(r1 - r) : 4,
+                                 (const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes, cols, j->xq, 0,
+                                 y + r);
+            return;
+        }
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {

@@ -13,10 +13,12 @@
  *     error <= max|x| of the 32-block / 65534 per element) plus f32
  *     accumulation, |y - ref| <= sum_i |w_i| * bmax(i) / 65534 + 1e-5 * sum|w x|.
  * A wrong nibble order, scale or offset misses these by orders of magnitude.
- * Batch invariance: y of a token is bit-identical alone, inside a batch of 11
- * at any index, and with 1 or 3 threads. On a CPU with AVX-512 the AVX-512
- * kernels' outputs equal the AVX2 kernels' bit for bit (elsewhere those
- * cases are skipped, saying so). Non-finite activations give
+ * Batch invariance: y of a token is bit-identical alone (also over 34..36
+ * rows, so the one-token kernels' 4-row groups end in every size), inside a
+ * batch of 11 at any index, and with 1 or 3 threads. On a CPU with AVX-512
+ * the AVX-512 kernels' outputs equal the AVX2 kernels' bit for bit, with
+ * (avx512, where the CPU has VBMI + VNNI) and without (avx512base) the
+ * extended one-token kernels (elsewhere those cases are skipped, saying so). Non-finite activations give
  * non-finite outputs, zero activations exact zeros.
  */
 #include <math.h>
@@ -170,8 +172,10 @@ static void check_close(const wmat *m, const float *x, int32_t T, const float *y
     }
 }
 
-typedef enum { ISA_PORTABLE, ISA_AVX2, ISA_AVX512 } isa_level;
-static const char *const ISA_NAME[] = {"portable", "avx2", "avx512"};
+/* avx512base: AVX-512 F/BW/VL/DQ without the VBMI + VNNI one-token kernels (avx512 uses them where the
+ * CPU has them) */
+typedef enum { ISA_PORTABLE, ISA_AVX2, ISA_AVX512BASE, ISA_AVX512 } isa_level;
+static const char *const ISA_NAME[] = {"portable", "avx2", "avx512base", "avx512"};
 
 static backend *create_isa(isa_level isa, int threads) {
     setenv("SPECD_CPU_ISA", ISA_NAME[isa], 1);
@@ -185,17 +189,20 @@ static void run_format(bk_wtype type, isa_level isa) {
     backend *b1 = create_isa(isa, 1), *b3 = create_isa(isa, 3);
     const char *desc = bk_cpu_describe(b1);
     const int avx2 = strstr(desc, "avx2") != NULL, avx512 = strstr(desc, "avx512") != NULL;
-    if ((isa == ISA_AVX2 && !avx2) || (isa == ISA_AVX512 && !avx512)) {
+    if ((isa == ISA_AVX2 && !avx2) || (isa >= ISA_AVX512BASE && !avx512)) {
         print_message("this CPU has no %s (backend: %s): the %s kernels are not tested here\n", ISA_NAME[isa], desc,
                       ISA_NAME[isa]);
         bk_cpu_destroy(b1);
         bk_cpu_destroy(b3);
         skip();
     }
-    if (isa != ISA_AVX512) assert_null(strstr(desc, "avx512")); /* the cap holds */
+    if (isa < ISA_AVX512BASE) assert_null(strstr(desc, "avx512")); /* the cap holds */
+    if (isa == ISA_AVX512BASE) assert_null(strstr(desc, "vbmi"));
+    if (isa == ISA_AVX512 && !strstr(desc, "vbmi"))
+        print_message("this CPU has no AVX-512 VBMI + VNNI (backend: %s): avx512 runs the avx512base kernels\n", desc);
     if (isa == ISA_PORTABLE) assert_null(strstr(desc, "avx2"));
     /* the AVX2 backend the AVX-512 results must equal bit for bit */
-    backend *ref2 = isa == ISA_AVX512 ? create_isa(ISA_AVX2, 1) : NULL;
+    backend *ref2 = isa >= ISA_AVX512BASE ? create_isa(ISA_AVX2, 1) : NULL;
     /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd), 128 (two
      * full chunks, no tail), 137 (a third chunk of 9 blocks with a tail), and for plain rows 100 columns
      * (a 4-column scalar tail) */
@@ -224,6 +231,13 @@ static void run_format(bk_wtype type, isa_level isa) {
         for (int32_t t = 0; t < T; t++) {
             assert_int_equal(bk_matmul_f32(b1, &m.w, x + (size_t)t * C, 1, y1), 0);
             assert_memory_equal(y1, y + (size_t)t * rows, sizeof(float) * (size_t)rows);
+        }
+        /* one token over 34..36 rows: the one-token kernels' groups of 4 rows end in 2, 3 and 4 rows too */
+        for (int64_t nr = rows - 3; nr < rows; nr++) {
+            bk_weight sub = m.w;
+            sub.rows = nr;
+            assert_int_equal(bk_matmul_f32(b1, &sub, x + 3 * (size_t)C, 1, y1), 0);
+            assert_memory_equal(y1, y + 3 * (size_t)rows, sizeof(float) * (size_t)nr);
         }
         assert_int_equal(bk_matmul_f32(b3, &m.w, x, T, y3), 0);
         assert_memory_equal(y3, y, sizeof(float) * T * (size_t)rows);
@@ -255,6 +269,7 @@ static void run_format(bk_wtype type, isa_level isa) {
 
 #define FORMAT_TESTS(T)                                                                      \
     static void test_##T##_avx512(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512); }   \
+    static void test_##T##_avx512base(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512BASE); } \
     static void test_##T##_avx2(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX2); }       \
     static void test_##T##_portable(void **s) { (void)s; run_format(BK_W_##T, ISA_PORTABLE); }
 FORMAT_TESTS(F32)
@@ -267,7 +282,9 @@ FORMAT_TESTS(I4G32)
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T2(T) cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx2), cmocka_unit_test(test_##T##_portable)
+#define T2(T)                                                                                                      \
+    cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx512base), cmocka_unit_test(test_##T##_avx2), \
+        cmocka_unit_test(test_##T##_portable)
         T2(F32), T2(BF16), T2(F16), T2(Q8_0), T2(Q4_0), T2(Q4_1), T2(I4G32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
