@@ -9,7 +9,8 @@
  * variable, so an oversubscribed machine degrades gracefully.
  *
  * tpool_run splits [0, n) into chunks of `grain` handed out dynamically; the
- * calling thread participates. Which thread runs a chunk never changes the
+ * calling thread participates, and returns when every chunk has run; it does
+ * not wait for workers that took no chunk (threadpool.c). Which thread runs a chunk never changes the
  * result as long as fn computes each output from its own inputs (batch
  * invariance is the callers' contract, see backend.h).
  * Threading: one tpool_run at a time per pool (the engine thread).
