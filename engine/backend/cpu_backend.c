@@ -351,6 +351,13 @@ static int cpu_matmul_t(void *vctx, const bk_weight *w, const bk_tensor *x, bk_t
     return cpu_matmul(vctx, w, bk_f32(x), (int32_t)x->rows, bk_f32(y));
 }
 
+static int cpu_matmul_n_t(void *vctx, int n, const bk_weight *const *w, const bk_tensor *x, bk_tensor *const *y) {
+    float *yp[CPU_MATMUL_N_MAX];
+    if (n < 1 || n > CPU_MATMUL_N_MAX) return -1;
+    for (int k = 0; k < n; k++) yp[k] = bk_f32(y[k]);
+    return cpu_matmul_n(vctx, n, w, bk_f32(x), (int32_t)x->rows, yp);
+}
+
 /* ------------------------------------------ memory: host memory, zero copies */
 
 /* calloc: large pools (the KV cache) are mapped lazily, zero pages untouched
@@ -386,6 +393,7 @@ float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
 
 static const bk_ops CPU_OPS = {
     .matmul = cpu_matmul_t,
+    .matmul_n = cpu_matmul_n_t,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,

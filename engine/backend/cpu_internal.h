@@ -44,6 +44,10 @@ typedef struct cpu_ctx {
 float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n);
 
 int cpu_matmul(void *ctx, const bk_weight *w, const float *x, int32_t T, float *y);
+/* y[k] = x @ w[k]^T for k < n (n <= CPU_MATMUL_N_MAX): the same bits as n cpu_matmul calls, with the
+ * activations prepared once and all the weights' rows in one pool job. */
+#define CPU_MATMUL_N_MAX 4
+int cpu_matmul_n(void *ctx, int n, const bk_weight *const *w, const float *x, int32_t T, float *const *y);
 
 /* ------------------------------------------------ shared by the kernels */
 

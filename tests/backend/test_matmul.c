@@ -267,6 +267,49 @@ static void run_format(bk_wtype type, isa_level isa) {
     bk_cpu_destroy(ref2);
 }
 
+/* bk_matmul_n (q/k/v and gate/up in one call) == one matmul per weight, bit for bit: three weights of
+ * 37, 16 and 5 rows (pool chunks of 16 rows spanning two weights), 1 and 3 tokens, 1 and 3 threads, and
+ * a mix of formats with different activation paths (Q4_1 with F32: the per-weight fallback). */
+static void run_matmul_n(isa_level isa) {
+    const bk_wtype types[][3] = {{BK_W_Q4_1, BK_W_Q4_1, BK_W_Q4_1}, {BK_W_Q8_0, BK_W_Q8_0, BK_W_Q8_0},
+                                 {BK_W_Q4_0, BK_W_Q4_0, BK_W_Q4_0}, {BK_W_F32, BK_W_F32, BK_W_F32},
+                                 {BK_W_Q4_1, BK_W_F32, BK_W_Q8_0}};
+    const int64_t rows[3] = {37, 16, 5}, C = 2272;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        backend *b = create_isa(isa, threads);
+        if (isa != ISA_PORTABLE && !strstr(bk_cpu_describe(b), isa == ISA_AVX2 ? "avx2" : "avx512")) {
+            print_message("this CPU has no %s: skipped\n", ISA_NAME[isa]);
+            bk_cpu_destroy(b);
+            skip();
+        }
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            wmat m[3];
+            float *x = malloc(sizeof(float) * 3 * (size_t)C), *y[3], *ref = malloc(sizeof(float) * 3 * 37);
+            for (int64_t i = 0; i < 3 * C; i++) x[i] = frand();
+            for (int k = 0; k < 3; k++) {
+                make_weight(&m[k], types[ti][k], rows[k], C);
+                y[k] = malloc(sizeof(float) * 3 * (size_t)rows[k]);
+            }
+            for (int32_t T = 1; T <= 3; T += 2) {
+                const bk_weight *w[3] = {&m[0].w, &m[1].w, &m[2].w};
+                bk_tensor xt = bk_wrap_f32(x, T, C), yt[3], *yp[3];
+                for (int k = 0; k < 3; k++) yt[k] = bk_wrap_f32(y[k], T, rows[k]), yp[k] = &yt[k];
+                assert_int_equal(bk_matmul_n(b, 3, w, &xt, yp), 0);
+                for (int k = 0; k < 3; k++) {
+                    assert_int_equal(bk_matmul_f32(b, w[k], x, T, ref), 0);
+                    assert_memory_equal(ref, y[k], sizeof(float) * (size_t)T * (size_t)rows[k]);
+                }
+            }
+            for (int k = 0; k < 3; k++) { free_weight(&m[k]); free(y[k]); }
+            free(x); free(ref);
+        }
+        bk_cpu_destroy(b);
+    }
+}
+static void test_matmul_n_avx512(void **s) { (void)s; run_matmul_n(ISA_AVX512); }
+static void test_matmul_n_avx2(void **s) { (void)s; run_matmul_n(ISA_AVX2); }
+static void test_matmul_n_portable(void **s) { (void)s; run_matmul_n(ISA_PORTABLE); }
+
 #define FORMAT_TESTS(T)                                                                      \
     static void test_##T##_avx512(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512); }   \
     static void test_##T##_avx512base(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512BASE); } \
@@ -286,6 +329,8 @@ int main(void) {
     cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx512base), cmocka_unit_test(test_##T##_avx2), \
         cmocka_unit_test(test_##T##_portable)
         T2(F32), T2(BF16), T2(F16), T2(Q8_0), T2(Q4_0), T2(Q4_1), T2(I4G32),
+        cmocka_unit_test(test_matmul_n_avx512), cmocka_unit_test(test_matmul_n_avx2),
+        cmocka_unit_test(test_matmul_n_portable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
