@@ -192,7 +192,7 @@ void cpu512_pair_layout(int16_t *X, int64_t cols);
 
 /* Integer-activation dot of one Q8_0 / Q4_0 / Q4_1 row (kind FK_Q8_0..FK_Q4_1)
  * with tokens t0..t0+nt-1 of xq (pair layout). */
-void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
                  float *out);
 
 /* The same dot for nr (1..4) consecutive rows w, w + row_bytes, ... and one

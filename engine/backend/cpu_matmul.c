@@ -507,7 +507,7 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {
                 const int32_t n = j->T - t < CPU512_MAX_NT ? j->T - t : CPU512_MAX_NT;
-                if (j->xq) cpu512_idot((fused_kind)kind, n, wr, cols, j->xq, t, o8);
+                if (j->xq) cpu512_idot(j->ctx->avx512x, (fused_kind)kind, n, wr, cols, j->xq, t, o8);
                 else if (w->type == BK_W_I4G32)
                     cpu512_i4dot(n, wr, (const uint8_t *)w->scales + (size_t)r * sc_row, cols, x + (size_t)t * cols,
                                  (size_t)cols, o8);

@@ -102,104 +102,14 @@ T512I static inline __m256 idot_tail(fused_kind k, const uint8_t *w, int64_t b, 
     return cpu_iq_fma(w0, w1, _mm256_broadcast_ss(d), xb, s, acc);
 }
 
-/* One row, NT tokens. Per chunk of IDOT_CHUNK blocks: the block pairs into
- * acc = [a0 | a1], an odd last block into a0 (after every pair, as in AVX2,
- * where it is also the row's last block), then the chunk's m-terms into the
- * 8-lane am and the scalar mt exactly as AVX2 does. */
-T512I static inline void idot_n(fused_kind K, const int NT, const uint8_t *w, int64_t cols, const xq_rows *xq,
-                                int32_t t0, float *out) {
-    const int64_t nb = cols / 32;
-    __m512 acc[CPU512_MAX_NT];
-    __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];
-    float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];
-    int has_tail = 0;
-    for (int u = 0; u < NT; u++) {
-        acc[u] = _mm512_setzero_ps();
-        am[u] = tail[u] = _mm256_setzero_ps();
-        mt[u] = 0.0f;
-    }
-    for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {
-        const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;
-        int64_t b = c0;
-        for (; b + 1 < c1; b += 2) {
-            __m512i wl, wh;
-            __m512 dv;
-            iq_load_pair(K, w, b, &wl, &wh, &dv, &mb[b - c0]);
-            for (int u = 0; u < NT; u++) {
-                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
-                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
-                const __m512i p = _mm512_add_epi32(
-                    _mm512_madd_epi16(wl, _mm512_loadu_si512((const void *)xb)),
-                    _mm512_madd_epi16(wh, _mm512_loadu_si512((const void *)(xb + 32))));
-                const __m512 sc = _mm512_mul_ps(dv, _mm512_loadu_ps(xq->s + 8 * sb));
-                acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[u]);
-            }
-        }
-        if (b < c1) { /* only at the row's end: c1 == nb, nb odd */
-            has_tail = 1;
-            for (int u = 0; u < NT; u++) {
-                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
-                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
-                /* a0 is complete here except for this block: fold it in last */
-                tail[u] = idot_tail(K, w, b, xb, xq->s + 8 * sb, _mm512_castps512_ps256(acc[u]), &mb[b - c0]);
-            }
-        }
-        if (K == FK_Q8_0) continue;
-        for (int u = 0; u < NT; u++) {
-            const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;
-            int64_t i = 0;
-            for (; i + 8 <= c1 - c0; i += 8)
-                am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);
-            for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];
-        }
-    }
-    for (int u = 0; u < NT; u++) {
-        const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);
-        const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);
-        out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);
-    }
-}
-
-#define DEF_IDOT512(NT, K)                                                                                         \
-    T512 static void idot512_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) { \
-        idot_n(K, NT, w, cols, xq, t0, o);                                                                         \
-    }
-#define DEF_IDOT512_K(K)                                                                                           \
-    DEF_IDOT512(1, K) DEF_IDOT512(2, K) DEF_IDOT512(3, K) DEF_IDOT512(4, K) DEF_IDOT512(5, K) DEF_IDOT512(6, K)   \
-        DEF_IDOT512(7, K) DEF_IDOT512(8, K)
-DEF_IDOT512_K(FK_Q8_0)
-DEF_IDOT512_K(FK_Q4_0)
-DEF_IDOT512_K(FK_Q4_1)
-
-typedef void (*idot512_fn)(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o);
-#define IDOT512_ROW(K)                                                                                             \
-    {idot512_1_##K, idot512_2_##K, idot512_3_##K, idot512_4_##K,                                                   \
-     idot512_5_##K, idot512_6_##K, idot512_7_##K, idot512_8_##K}
-static const idot512_fn IDOT512[3][CPU512_MAX_NT] = {IDOT512_ROW(FK_Q8_0), IDOT512_ROW(FK_Q4_0),
-                                                     IDOT512_ROW(FK_Q4_1)};
-
-void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
-                 float *out) {
-    IDOT512[kind][nt - 1](w, cols, xq, t0, out);
-}
-
-/* ------------------------------------------------ one token, several rows
- * A decode step (and the LM head of any step with one output) has one
- * token: idot_n then runs a single FMA chain per row and waits on each
- * row's first weight load. These kernels dot NR (1..4) consecutive rows
- * with one token instead: per row the operations of idot_n for NT = 1, in
- * the same order on the same values (so the same bits), the rows
- * interleaved so their chains and loads overlap, the token's activations
- * and scales loaded once per block pair for all rows, and the next row
- * group's weights prefetched (NR rows ahead, same column).
- *
- * The extended variant (AVX-512 VBMI + VNNI: Ice Lake, Zen 4 and later)
- * widens a Q4_0 / Q4_1 block pair from one masked 64-byte load: one vpermb
- * spreads the 32 nibble bytes to 16-bit lanes (low nibble = column i, high
- * nibble = column 16 + i, as iq_load_pair's vectors), another gathers the
- * fp16 d (and m) into a vector converted exactly by vcvtph2ps (the same f32
- * values as the cpu_fp16_f32 table), and vpdpwssd adds the second half's
- * pair sums (exact int32, as vpmaddwd + vpaddd). Q8_0 keeps iq_load_pair. */
+/* The extended variant (AVX-512 VBMI + VNNI: Ice Lake, Zen 4 and later; used
+ * when ctx->avx512x) widens a Q4_0 / Q4_1 block pair from one masked 64-byte
+ * load: one vpermb spreads the 32 nibble bytes to 16-bit lanes (low nibble =
+ * column i, high nibble = column 16 + i, as iq_load_pair's vectors), another
+ * gathers the fp16 d (and m) into a vector converted exactly by vcvtph2ps
+ * (the same f32 values as the cpu_fp16_f32 table), and vpdpwssd adds the
+ * second half's pair sums (exact int32, as vpmaddwd + vpaddd). Q8_0 keeps
+ * iq_load_pair. */
 #define T512X __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
 #define T512XI                                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c"), always_inline))
@@ -242,6 +152,102 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
     return _mm512_dpwssd_epi32(_mm512_madd_epi16(wl, xl), wh, xh);
 }
 
+/* One row, NT tokens. Per chunk of IDOT_CHUNK blocks: the block pairs into
+ * acc = [a0 | a1], an odd last block into a0 (after every pair, as in AVX2,
+ * where it is also the row's last block), then the chunk's m-terms into the
+ * 8-lane am and the scalar mt exactly as AVX2 does. LOAD_PAIR / PSUM pick the
+ * standard or the VBMI + VNNI variant (same values). */
+#define DEF_IDOT_N(NAME, ATTR, LOAD_PAIR, PSUM)                                                                    \
+    ATTR static inline void NAME(fused_kind K, const int NT, const uint8_t *w, int64_t cols, const xq_rows *xq,   \
+                                 int32_t t0, float *out) {                                                         \
+        const int64_t nb = cols / 32;                                                                              \
+        __m512 acc[CPU512_MAX_NT];                                                                                 \
+        __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];                                                             \
+        float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];                                                                   \
+        int has_tail = 0;                                                                                          \
+        for (int u = 0; u < NT; u++) {                                                                             \
+            acc[u] = _mm512_setzero_ps();                                                                          \
+            am[u] = tail[u] = _mm256_setzero_ps();                                                                 \
+            mt[u] = 0.0f;                                                                                          \
+        }                                                                                                          \
+        for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {                                                          \
+            const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;                                       \
+            int64_t b = c0;                                                                                        \
+            for (; b + 1 < c1; b += 2) {                                                                           \
+                __m512i wl, wh;                                                                                    \
+                __m512 dv;                                                                                         \
+                LOAD_PAIR(K, w, b, &wl, &wh, &dv, &mb[b - c0]);                                                    \
+                for (int u = 0; u < NT; u++) {                                                                     \
+                    const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
+                    const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
+                    const __m512i p = PSUM(wl, wh, _mm512_loadu_si512((const void *)xb),                           \
+                                           _mm512_loadu_si512((const void *)(xb + 32)));                           \
+                    const __m512 sc = _mm512_mul_ps(dv, _mm512_loadu_ps(xq->s + 8 * sb));                          \
+                    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[u]);                                   \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (b < c1) { /* only at the row's end: c1 == nb, nb odd */                                            \
+                has_tail = 1;                                                                                      \
+                for (int u = 0; u < NT; u++) {                                                                     \
+                    const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
+                    const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
+                    /* a0 is complete here except for this block: fold it in last */                               \
+                    tail[u] = idot_tail(K, w, b, xb, xq->s + 8 * sb, _mm512_castps512_ps256(acc[u]), &mb[b - c0]); \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (K == FK_Q8_0) continue;                                                                            \
+            for (int u = 0; u < NT; u++) {                                                                         \
+                const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;                                  \
+                int64_t i = 0;                                                                                     \
+                for (; i + 8 <= c1 - c0; i += 8)                                                                   \
+                    am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);            \
+                for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];                                                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        for (int u = 0; u < NT; u++) {                                                                             \
+            const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);                                 \
+            const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);                                                   \
+            out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);                                \
+        }                                                                                                          \
+    }
+DEF_IDOT_N(idot_n_std, T512I, iq_load_pair, psum_std)
+DEF_IDOT_N(idot_n_x, T512XI, iq_load_pair_x, psum_x)
+
+#define DEF_IDOT512(NT, K)                                                                                         \
+    T512 static void idot512_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) { \
+        idot_n_std(K, NT, w, cols, xq, t0, o);                                                                     \
+    }                                                                                                              \
+    T512X static void idotx_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) {  \
+        idot_n_x(K, NT, w, cols, xq, t0, o);                                                                       \
+    }
+#define DEF_IDOT512_K(K)                                                                                           \
+    DEF_IDOT512(1, K) DEF_IDOT512(2, K) DEF_IDOT512(3, K) DEF_IDOT512(4, K) DEF_IDOT512(5, K) DEF_IDOT512(6, K)   \
+        DEF_IDOT512(7, K) DEF_IDOT512(8, K)
+DEF_IDOT512_K(FK_Q8_0)
+DEF_IDOT512_K(FK_Q4_0)
+DEF_IDOT512_K(FK_Q4_1)
+
+typedef void (*idot512_fn)(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o);
+#define IDOT512_ROW(P, K) {P##_1_##K, P##_2_##K, P##_3_##K, P##_4_##K, P##_5_##K, P##_6_##K, P##_7_##K, P##_8_##K}
+static const idot512_fn IDOT512[2][3][CPU512_MAX_NT] = {
+    {IDOT512_ROW(idot512, FK_Q8_0), IDOT512_ROW(idot512, FK_Q4_0), IDOT512_ROW(idot512, FK_Q4_1)},
+    {IDOT512_ROW(idotx, FK_Q8_0), IDOT512_ROW(idotx, FK_Q4_0), IDOT512_ROW(idotx, FK_Q4_1)}};
+
+void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+                 float *out) {
+    IDOT512[ext != 0][kind][nt - 1](w, cols, xq, t0, out);
+}
+
+/* ------------------------------------------------ one token, several rows
+ * A decode step (and the LM head of any step with one output) has one
+ * token: idot_n then runs a single FMA chain per row and waits on each
+ * row's first weight load. These kernels dot NR (1..4) consecutive rows
+ * with one token instead: per row the operations of idot_n for NT = 1, in
+ * the same order on the same values (so the same bits), the rows
+ * interleaved so their chains and loads overlap, the token's activations
+ * and scales loaded once per block pair for all rows, and the next row
+ * group's weights prefetched (NR rows ahead, same column).
+ */
 /* NR rows w + r * row_bytes of one token t (see above); LOAD_PAIR / PSUM pick the variant. */
 #define DEF_IDOT_ROWS(NAME, ATTR, LOAD_PAIR, PSUM)                                                                 \
     ATTR static inline void NAME(fused_kind K, const int NR, const uint8_t *w, size_t row_bytes, int64_t cols,    \
