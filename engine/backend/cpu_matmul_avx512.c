@@ -165,7 +165,7 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
         __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];                                                             \
         float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];                                                                   \
         int has_tail = 0;                                                                                          \
-        for (int u = 0; u < NT; u++) {                                                                             \
+        CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                             \
             acc[u] = _mm512_setzero_ps();                                                                          \
             am[u] = tail[u] = _mm256_setzero_ps();                                                                 \
             mt[u] = 0.0f;                                                                                          \
@@ -177,7 +177,7 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
                 __m512i wl, wh;                                                                                    \
                 __m512 dv;                                                                                         \
                 LOAD_PAIR(K, w, b, &wl, &wh, &dv, &mb[b - c0]);                                                    \
-                for (int u = 0; u < NT; u++) {                                                                     \
+                CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                     \
                     const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
                     const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
                     const __m512i p = PSUM(wl, wh, _mm512_loadu_si512((const void *)xb),                           \
@@ -188,7 +188,7 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
             }                                                                                                      \
             if (b < c1) { /* only at the row's end: c1 == nb, nb odd */                                            \
                 has_tail = 1;                                                                                      \
-                for (int u = 0; u < NT; u++) {                                                                     \
+                CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                     \
                     const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
                     const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
                     /* a0 is complete here except for this block: fold it in last */                               \
@@ -196,7 +196,7 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
                 }                                                                                                  \
             }                                                                                                      \
             if (K == FK_Q8_0) continue;                                                                            \
-            for (int u = 0; u < NT; u++) {                                                                         \
+            CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                         \
                 const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;                                  \
                 int64_t i = 0;                                                                                     \
                 for (; i + 8 <= c1 - c0; i += 8)                                                                   \
@@ -204,7 +204,7 @@ T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i 
                 for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];                                                 \
             }                                                                                                      \
         }                                                                                                          \
-        for (int u = 0; u < NT; u++) {                                                                             \
+        CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                             \
             const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);                                 \
             const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);                                                   \
             out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);                                \
