@@ -8,9 +8,12 @@
  * a fixed horizontal sum), whatever T is, whatever t is, however many threads
  * run. Threads split the output rows; no split-K.
  *
- * Memory traffic: batch-1 decode is bound by weight bytes. Rows are processed
- * in chunks so a weight row is read from memory once and reused from L1 for
- * all T tokens (what makes verifying k+1 tokens cost about one decode).
+ * Memory traffic: rows are processed in chunks so a weight row is read from
+ * memory once and reused from L1 for all T tokens. On the 2-vCPU Zen 4
+ * development VM a one-thread decode step is bound by the kernels'
+ * instructions (~7.5 GB/s of the ~19.5 GB/s one core streams), so each token
+ * added to a pass costs about half a decode step (docs/engine.md, "Where a
+ * decode step goes").
  * Block-quantized weights (Q8_0, Q4_0, Q4_1) are used in their packed blocks
  * and dotted in integers with activations quantized to int16 with one scale
  * per group of 4 columns (x ~= s * X, s = max|x| / 32767 over the group,
