@@ -5,9 +5,9 @@
  * tpool_run writes the job's fields, then publishes the word; a thread takes
  * a chunk by decrementing the count with a compare-and-swap that also checks
  * the job number, so a thread that woke late can never take a chunk of a
- * job it did not see published (and never runs a chunk twice). Each finished
- * chunk bumps `finished`; the caller returns once every chunk of its job has
- * finished, and waits for no thread that claimed nothing: a worker that was
+ * job it did not see published (and never runs a chunk twice). A thread
+ * adds the chunks it ran to `finished` when it leaves the job; the caller
+ * returns once every chunk of its job has finished, and waits for no thread that claimed nothing: a worker that was
  * asleep or descheduled while the caller did all the work costs the caller
  * nothing (before this, the caller waited for every worker to check in to
  * every job, so on an oversubscribed machine each of a step's ~150 jobs
@@ -34,9 +34,10 @@ struct tpool {
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint_fast64_t claim; /* (job << CHUNK_BITS) | chunks of that job not yet claimed */
-    atomic_int_fast64_t finished; /* chunks of the current job finished */
-    atomic_int sleepers;
+    _Alignas(64) atomic_uint_fast64_t claim; /* (job << CHUNK_BITS) | chunks of that job not yet claimed */
+    _Alignas(64) atomic_int_fast64_t finished; /* chunks of the current job finished (each thread adds its
+                                                  count once, after its last chunk of the job) */
+    _Alignas(64) atomic_int sleepers;
     atomic_int stop;
     uint64_t job;               /* the caller's job counter (caller only) */
     /* the current job: written before claim is published, read after a successful claim */
@@ -49,18 +50,23 @@ typedef struct { tpool *p; int tid; } worker_arg;
 
 static inline uint64_t job_of(uint64_t v) { return v >> CHUNK_BITS; }
 
-/* Takes and runs chunks of job `job` until none is left (or the job is not current). */
+/* Takes and runs chunks of job `job` until none is left (or the job is not
+ * current), then adds how many it ran to `finished` (one atomic add per
+ * thread and job, not per chunk: the claim word is the only line the threads
+ * share per chunk). */
 static void run_job(tpool *p, uint64_t job, int tid) {
     uint64_t v = atomic_load(&p->claim);
+    int64_t ran = 0;
     for (;;) {
-        if (job_of(v) != job || (v & CHUNK_MAX) == 0) return;
+        if (job_of(v) != job || (v & CHUNK_MAX) == 0) break;
         if (!atomic_compare_exchange_weak(&p->claim, &v, v - 1)) continue; /* v reloaded */
         const int64_t c = p->n_chunks - (int64_t)(v & CHUNK_MAX), b = c * p->grain;
         const int64_t e = b + p->grain < p->n_items ? b + p->grain : p->n_items;
         p->fn(p->arg, b, e, tid);
-        atomic_fetch_add(&p->finished, 1);
+        ran++;
         v = atomic_load(&p->claim);
     }
+    if (ran) atomic_fetch_add(&p->finished, ran);
 }
 
 static void *worker(void *va) {
