@@ -33,9 +33,14 @@ def run_specd(a):
     out = subprocess.run([a.perf_model, a.model, str(a.threads), str(a.prompt), str(a.decode)], capture_output=True,
                          text=True, check=True).stdout
     pre = re.search(r"prefill \d+ tokens: ([\d.]+) tok/s wall, ([\d.]+) ms CPU/token", out)
-    dec = re.search(r"decode \d+ steps: ([\d.]+) tok/s wall, ([\d.]+) ms CPU/step", out)
+    dec = re.search(r"decode \(median of \d+ steps\): ([\d.]+) tok/s wall \([\d.]+ ms/step\), ([\d.]+) ms CPU/step", out)
+    ver = re.search(r"verify k=3 \(4 tokens.*= ([\d.]+)x a decode step; [\d.]+ ms CPU = ([\d.]+)x", out)
+    if not pre or not dec:
+        sys.exit("perf_model's output did not parse:\n" + out)
     return {"prefill_tok_s": float(pre.group(1)), "decode_tok_s": float(dec.group(1)),
-            "prefill_cpu_tok_s": 1e3 / float(pre.group(2)), "decode_cpu_tok_s": 1e3 / float(dec.group(2))}
+            "prefill_cpu_tok_s": 1e3 / float(pre.group(2)), "decode_cpu_tok_s": 1e3 / float(dec.group(2)),
+            "verify4_per_decode": float(ver.group(1)) if ver else None,
+            "verify4_per_decode_cpu": float(ver.group(2)) if ver else None}
 
 
 def run_llama(a):
@@ -67,6 +72,10 @@ def main():
     r = {m: med["specd"][m] / med["llama.cpp"][m] for m in keys}
     print(f"  ratio specd/llama.cpp: prefill {r['prefill_tok_s']:.2f}x, decode {r['decode_tok_s']:.2f}x (wall); "
           f"prefill {r['prefill_cpu_tok_s']:.2f}x, decode {r['decode_cpu_tok_s']:.2f}x (CPU time)")
+    v = [r["verify4_per_decode_cpu"] for r in res["specd"] if r.get("verify4_per_decode_cpu")]
+    if v:
+        print(f"  specd verify of 4 tokens: {statistics.median(v):.2f}x a decode step (CPU time), "
+              f"{statistics.median(r['verify4_per_decode'] for r in res['specd']):.2f}x (wall)")
     print(json.dumps({"raw": res, "median": med}))
 
 

@@ -33,3 +33,10 @@ int bk_matmul_f32(backend *be, const bk_weight *w, const float *x, int32_t T, fl
     bk_tensor xt = bk_wrap_f32((float *)(uintptr_t)x, T, w->cols), yt = bk_wrap_f32(y, T, w->rows);
     return be->ops->matmul(be->ctx, w, &xt, &yt);
 }
+
+int bk_matmul_n(backend *be, int n, const bk_weight *const *w, const bk_tensor *x, bk_tensor *const *y) {
+    if (be->ops->matmul_n) return be->ops->matmul_n(be->ctx, n, w, x, y);
+    for (int k = 0; k < n; k++)
+        if (be->ops->matmul(be->ctx, w[k], x, y[k]) < 0) return -1;
+    return 0;
+}

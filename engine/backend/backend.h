@@ -233,6 +233,10 @@ typedef struct bk_moe_cfg {
 typedef struct bk_ops {
     /* y[T, w->rows] = x[T, w->cols] @ W^T. */
     int (*matmul)(void *ctx, const bk_weight *w, const bk_tensor *x, bk_tensor *y);
+    /* Optional (NULL: call matmul n times; bk_matmul_n does). y[k][T, w[k]->rows] = x @ W_k^T for
+     * k < n, 1 <= n <= 4, all w[k] with x's cols: the same bits as n matmul calls, in one pass (the
+     * CPU: one activation quantization and one pool job for q/k/v or gate/up). */
+    int (*matmul_n)(void *ctx, int n, const bk_weight *const *w, const bk_tensor *x, bk_tensor *const *y);
     /* out[T, dim] = x * rsqrt(mean(x^2) + eps) * g, g f32 [1, dim]
      * (RMSNorm, Zhang & Sennrich 2019). out may alias x. */
     int (*rmsnorm)(void *ctx, const bk_tensor *x, const bk_tensor *g, float eps, bk_tensor *out);
@@ -362,6 +366,8 @@ void bk_tensor_free(backend *be, bk_tensor *t); /* zeroes *t; ok on a zeroed ten
  * backends only (tests, benchmarks, and model code that has no device form
  * yet): wraps them as tensors and calls ops->matmul. */
 int bk_matmul_f32(backend *be, const bk_weight *w, const float *x, int32_t T, float *y);
+/* ops->matmul_n where the backend has it, else n ops->matmul calls. */
+int bk_matmul_n(backend *be, int n, const bk_weight *const *w, const bk_tensor *x, bk_tensor *const *y);
 /* A backend copy of host floats [rows, cols] (norm gains, biases, inv_freq). */
 int bk_tensor_from_host(backend *be, const float *host, int64_t rows, int64_t cols, bk_tensor *out);
 

@@ -365,6 +365,13 @@ static int cpu_matmul_t(void *vctx, const bk_weight *w, const bk_tensor *x, bk_t
     return cpu_matmul(vctx, w, bk_f32(x), (int32_t)x->rows, bk_f32(y));
 }
 
+static int cpu_matmul_n_t(void *vctx, int n, const bk_weight *const *w, const bk_tensor *x, bk_tensor *const *y) {
+    float *yp[CPU_MATMUL_N_MAX];
+    if (n < 1 || n > CPU_MATMUL_N_MAX) return -1;
+    for (int k = 0; k < n; k++) yp[k] = bk_f32(y[k]);
+    return cpu_matmul_n(vctx, n, w, bk_f32(x), (int32_t)x->rows, yp);
+}
+
 /* ------------------------------------------ memory: host memory, zero copies */
 
 /* calloc: large pools (the KV cache) are mapped lazily, zero pages untouched
@@ -439,6 +446,7 @@ float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n) {
 
 static const bk_ops CPU_OPS = {
     .matmul = cpu_matmul_t,
+    .matmul_n = cpu_matmul_n_t,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,
@@ -479,11 +487,11 @@ backend *bk_cpu_create(int n_threads) {
         return NULL;
     }
     /* CPUID: leaf 1 ECX bit 12 FMA, bit 29 F16C, bit 27 OSXSAVE; leaf 7 EBX bit 5 AVX2, bits 16 / 17
-     * / 30 / 31 AVX-512 F / DQ / BW / VL; XGETBV(0) must show the OS saves YMM state (bits 1-2) and,
+     * / 30 / 31 AVX-512 F / DQ / BW / VL, ECX bits 1 / 11 AVX-512 VBMI / VNNI; XGETBV(0) must show the OS saves YMM state (bits 1-2) and,
      * for AVX-512, the opmask and ZMM state too (bits 5-7) (Intel SDM vol. 1, 13.3 and 15.2).
      * Portable across gcc and clang. */
     unsigned a, bx, c, d, xcr0 = 0;
-    int fma = 0, f16c = 0, avx2 = 0, avx512 = 0;
+    int fma = 0, f16c = 0, avx2 = 0, avx512 = 0, vbmi_vnni = 0;
     if (__get_cpuid(1, &a, &bx, &c, &d)) {
         fma = (c >> 12) & 1;
         f16c = (c >> 29) & 1;
@@ -495,15 +503,19 @@ backend *bk_cpu_create(int n_threads) {
     if (__get_cpuid_count(7, 0, &a, &bx, &c, &d)) {
         avx2 = (bx >> 5) & 1;
         avx512 = ((bx >> 16) & 1) && ((bx >> 17) & 1) && ((bx >> 30) & 1) && ((bx >> 31) & 1);
+        vbmi_vnni = ((c >> 1) & 1) && ((c >> 11) & 1);
     }
     ctx->avx2 = fma && f16c && avx2 && (xcr0 & 6) == 6;
     ctx->avx512 = ctx->avx2 && avx512 && (xcr0 & 0xe6) == 0xe6;
+    ctx->avx512x = ctx->avx512 && vbmi_vnni;
     /* SPECD_CPU_ISA caps the level (it never raises it above what the CPU has) */
     const char *isa = getenv("SPECD_CPU_ISA"), *force = getenv("SPECD_CPU_PORTABLE");
-    if ((force && *force == '1') || (isa && !strcmp(isa, "portable"))) ctx->avx2 = ctx->avx512 = 0;
-    else if (isa && !strcmp(isa, "avx2")) ctx->avx512 = 0;
+    if ((force && *force == '1') || (isa && !strcmp(isa, "portable"))) ctx->avx2 = ctx->avx512 = ctx->avx512x = 0;
+    else if (isa && !strcmp(isa, "avx2")) ctx->avx512 = ctx->avx512x = 0;
+    else if (isa && !strcmp(isa, "avx512base")) ctx->avx512x = 0;
     else if (isa && *isa && strcmp(isa, "avx512"))
-        LOG_WARN("SPECD_CPU_ISA='%s' is not portable, avx2 or avx512: ignored (using the best level)", isa);
+        LOG_WARN("SPECD_CPU_ISA='%s' is not portable, avx2, avx512base or avx512: ignored (using the best level)",
+                 isa);
     if (n_threads <= 0) {
         const char *e = getenv("OMP_NUM_THREADS");
         n_threads = e && atoi(e) > 0 ? atoi(e) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -519,7 +531,9 @@ backend *bk_cpu_create(int n_threads) {
     }
     ctx->n_threads = tpool_size(ctx->pool);
     snprintf(ctx->desc, sizeof ctx->desc, "cpu (%s kernels, %d threads)",
-             ctx->avx512 ? "avx512+avx2+fma" : ctx->avx2 ? "avx2+fma" : "portable",
+             ctx->avx512x  ? "avx512+vbmi+vnni+avx2+fma"
+             : ctx->avx512 ? "avx512+avx2+fma"
+             : ctx->avx2 ? "avx2+fma" : "portable",
              ctx->n_threads);
     b->name = "cpu";
     b->ops = &CPU_OPS;

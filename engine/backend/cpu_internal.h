@@ -36,6 +36,7 @@ typedef struct cpu_ctx {
     cpu_scratch scratch[CPU_MAX_THREADS];
     int avx2;      /* AVX2 + FMA + F16C kernels in use */
     int avx512;    /* AVX-512 F/BW/VL/DQ kernels in use (implies avx2) */
+    int avx512x;   /* and the VBMI + VNNI variants of the one-token kernels (implies avx512) */
     char desc[96];
 } cpu_ctx;
 
@@ -43,6 +44,10 @@ typedef struct cpu_ctx {
 float *cpu_scratch_get(cpu_ctx *ctx, int tid, size_t n);
 
 int cpu_matmul(void *ctx, const bk_weight *w, const float *x, int32_t T, float *y);
+/* y[k] = x @ w[k]^T for k < n (n <= CPU_MATMUL_N_MAX): the same bits as n cpu_matmul calls, with the
+ * activations prepared once and all the weights' rows in one pool job. */
+#define CPU_MATMUL_N_MAX 4
+int cpu_matmul_n(void *ctx, int n, const bk_weight *const *w, const float *x, int32_t T, float *const *y);
 
 /* ------------------------------------------------ shared by the kernels */
 
@@ -187,8 +192,14 @@ void cpu512_pair_layout(int16_t *X, int64_t cols);
 
 /* Integer-activation dot of one Q8_0 / Q4_0 / Q4_1 row (kind FK_Q8_0..FK_Q4_1)
  * with tokens t0..t0+nt-1 of xq (pair layout). */
-void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
                  float *out);
+
+/* The same dot for nr (1..4) consecutive rows w, w + row_bytes, ... and one
+ * token t of xq: out[r] bit-identical to cpu512_idot of row r alone. ext:
+ * use the VBMI + VNNI variant (only when ctx->avx512x). */
+void cpu512_idot_rows(int ext, fused_kind kind, int nr, const uint8_t *w, size_t row_bytes, int64_t cols,
+                      const xq_rows *xq, int32_t t, float *out);
 
 /* f32 dot of one plain row (FK_F32 / FK_BF16 / FK_F16) of n values with nt
  * activation rows x + u * ldx. */

@@ -8,9 +8,12 @@
  * a fixed horizontal sum), whatever T is, whatever t is, however many threads
  * run. Threads split the output rows; no split-K.
  *
- * Memory traffic: batch-1 decode is bound by weight bytes. Rows are processed
- * in chunks so a weight row is read from memory once and reused from L1 for
- * all T tokens (what makes verifying k+1 tokens cost about one decode).
+ * Memory traffic: rows are processed in chunks so a weight row is read from
+ * memory once and reused from L1 for all T tokens. On the 2-vCPU Zen 4
+ * development VM a one-thread decode step is bound by the kernels'
+ * instructions (~7.5 GB/s of the ~19.5 GB/s one core streams), so each token
+ * added to a pass costs about half a decode step (docs/engine.md, "Where a
+ * decode step goes").
  * Block-quantized weights (Q8_0, Q4_0, Q4_1) are used in their packed blocks
  * and dotted in integers with activations quantized to int16 with one scale
  * per group of 4 columns (x ~= s * X, s = max|x| / 32767 over the group,
@@ -475,7 +478,9 @@ typedef struct mm_job {
 } mm_job;
 
 /* Rows [r0, r1) for every token: each row unpacked once, then dotted with the
- * tokens four (AVX2) or eight (AVX-512) at a time. */
+ * tokens four (AVX2) or eight (AVX-512) at a time; one token on AVX-512: four
+ * rows at a time (cpu512_idot_rows: independent chains, the token's
+ * activations loaded once for the four). */
 static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     mm_job *j = va;
     const bk_weight *w = j->w;
@@ -494,11 +499,22 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
         /* AVX-512: up to 8 tokens per pass over a row; same values as AVX2 */
         const size_t sc_row = (size_t)nb * 2;
         float o8[CPU512_MAX_NT];
+        if (j->xq && j->T == 1) { /* one token (decode, a one-output LM head) */
+            /* Q4_x: four rows per pass. Q8_0 (the LM head): one; on Zen 4 two or four interleaved Q8_0
+             * rows (612-byte rows, 34-byte blocks) stream 1.5x slower than one (measured: SmolLM2's
+             * 49152 x 576 head, 4.6 ms vs 3.0 ms per pass at 1 thread), Q4_1 rows 1.2-1.5x faster */
+            const int g = kind == FK_Q8_0 ? 1 : 4;
+            for (int64_t r = r0; r < r1; r += g)
+                cpu512_idot_rows(j->ctx->avx512x, (fused_kind)kind, r1 - r < g ? (int)(r1 - r) : g,
+                                 (const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes, cols, j->xq, 0,
+                                 y + r);
+            return;
+        }
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {
                 const int32_t n = j->T - t < CPU512_MAX_NT ? j->T - t : CPU512_MAX_NT;
-                if (j->xq) cpu512_idot((fused_kind)kind, n, wr, cols, j->xq, t, o8);
+                if (j->xq) cpu512_idot(j->ctx->avx512x, (fused_kind)kind, n, wr, cols, j->xq, t, o8);
                 else if (w->type == BK_W_I4G32)
                     cpu512_i4dot(n, wr, (const uint8_t *)w->scales + (size_t)r * sc_row, cols, x + (size_t)t * cols,
                                  (size_t)cols, o8);
@@ -566,41 +582,102 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     }
 }
 
-int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float *y) {
-    cpu_ctx *ctx = vctx;
+/* The activations of T tokens prepared once for any weights of `cols`
+ * columns on one path: int16-quantized rows for the integer path (Q8_0 /
+ * Q4_0 / Q4_1 with AVX2 or AVX-512), per-block sums for the portable path. */
+typedef struct mm_act {
+    float *xs;       /* [T][nb] block sums (filled on the portable path only) */
+    int16_t *X;      /* integer path: quantized rows (xq_rows layout) */
+    float *xsc;      /* integer path: [T][nb][8] scales then [T][nb] sums */
+    xq_rows xq;
+    int integer;
+} mm_act;
+
+static int mm_integer(const cpu_ctx *ctx, const bk_weight *w) {
+    return ctx->avx2 && (w->type == BK_W_Q8_0 || w->type == BK_W_Q4_0 || w->type == BK_W_Q4_1) && w->cols % 32 == 0;
+}
+
+static void mm_act_free(mm_act *a) {
+    free(a->X);
+    free(a->xsc);
+    free(a->xs);
+}
+
+static int mm_act_prepare(cpu_ctx *ctx, const bk_weight *w, const float *x, int32_t T, mm_act *a) {
     const int64_t cols = w->cols, nb = cols / 32;
+    memset(a, 0, sizeof *a);
     /* Per-token block sums of x (a function of each activation row alone). */
-    float *xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
-    if (!xs) return -1;
+    a->xs = malloc(sizeof(float) * (size_t)T * (size_t)(nb ? nb : 1));
+    if (!a->xs) return -1;
+    float *xs = a->xs;
     for (int32_t t = 0; t < T && !ctx->avx2; t++) /* only the portable path uses them */
         for (int64_t b = 0; b < nb; b++) {
             float s = 0;
             for (int i = 0; i < 32; i++) s += x[(size_t)t * cols + b * 32 + i];
             xs[(size_t)t * nb + b] = s;
         }
-    const int integer = ctx->avx2 && (w->type == BK_W_Q8_0 || w->type == BK_W_Q4_0 || w->type == BK_W_Q4_1) &&
-                        cols % 32 == 0;
-    int16_t *X = NULL;
-    float *xsc = NULL;
-    xq_rows xq;
-    if (integer) {
-        X = malloc(sizeof(int16_t) * (size_t)T * (size_t)cols);
-        xsc = malloc(sizeof(float) * 9 * (size_t)T * (size_t)(nb ? nb : 1));
-        if (!X || !xsc) { free(X); free(xsc); free(xs); return -1; }
-        for (int32_t t = 0; t < T; t++) {
-            /* AVX-512: per-token rows (then the pair layout); AVX2: groups of 4 tokens, within a group
-             * block b of token u at X + g0 * cols + (b * n + u) * 32 (n = the group's size) */
-            const int32_t g0 = ctx->avx512 ? t : t - t % 4, n = ctx->avx512 ? 1 : (T - g0 < 4 ? T - g0 : 4), u = t - g0;
-            quant_row_i16(x + (size_t)t * cols, cols, X + (size_t)g0 * cols + (size_t)u * 32, (size_t)n * 32,
-                          xsc + ((size_t)g0 * nb + (size_t)u) * 8, (size_t)n * 8, xsc + (size_t)T * nb * 8 + (size_t)t * nb);
-            if (ctx->avx512) cpu512_pair_layout(X + (size_t)t * cols, cols);
-        }
-        xq = (xq_rows){X, xsc, xsc + (size_t)T * nb * 8};
+    a->integer = mm_integer(ctx, w);
+    if (!a->integer) return 0;
+    int16_t *X = a->X = malloc(sizeof(int16_t) * (size_t)T * (size_t)cols);
+    float *xsc = a->xsc = malloc(sizeof(float) * 9 * (size_t)T * (size_t)(nb ? nb : 1));
+    if (!X || !xsc) { mm_act_free(a); return -1; }
+    for (int32_t t = 0; t < T; t++) {
+        /* AVX-512: per-token rows (then the pair layout); AVX2: groups of 4 tokens, within a group
+         * block b of token u at X + g0 * cols + (b * n + u) * 32 (n = the group's size) */
+        const int32_t g0 = ctx->avx512 ? t : t - t % 4, n = ctx->avx512 ? 1 : (T - g0 < 4 ? T - g0 : 4), u = t - g0;
+        quant_row_i16(x + (size_t)t * cols, cols, X + (size_t)g0 * cols + (size_t)u * 32, (size_t)n * 32,
+                      xsc + ((size_t)g0 * nb + (size_t)u) * 8, (size_t)n * 8, xsc + (size_t)T * nb * 8 + (size_t)t * nb);
+        if (ctx->avx512) cpu512_pair_layout(X + (size_t)t * cols, cols);
     }
-    mm_job j = {ctx, w, x, xs, integer ? &xq : NULL, y, T, 0};
+    a->xq = (xq_rows){X, xsc, xsc + (size_t)T * nb * 8};
+    return 0;
+}
+
+int cpu_matmul(void *vctx, const bk_weight *w, const float *x, int32_t T, float *y) {
+    cpu_ctx *ctx = vctx;
+    mm_act a;
+    if (mm_act_prepare(ctx, w, x, T, &a) < 0) return -1;
+    mm_job j = {ctx, w, x, a.xs, a.integer ? &a.xq : NULL, y, T, 0};
     tpool_run(ctx->pool, mm_rows, &j, w->rows, 16);
-    free(X);
-    free(xsc);
-    free(xs);
+    mm_act_free(&a);
     return j.fail ? -1 : 0;
+}
+
+/* Several weights' rows as one job: item i is row i of the weights' rows
+ * concatenated; a chunk may span two weights. */
+typedef struct mm_multi {
+    int n;
+    mm_job j[CPU_MATMUL_N_MAX];
+    int64_t off[CPU_MATMUL_N_MAX + 1]; /* off[k]: first item of weight k; off[n]: all rows */
+} mm_multi;
+
+static void mm_multi_rows(void *va, int64_t i0, int64_t i1, int tid) {
+    mm_multi *mj = va;
+    for (int k = 0; k < mj->n; k++) {
+        const int64_t b = i0 > mj->off[k] ? i0 : mj->off[k], e = i1 < mj->off[k + 1] ? i1 : mj->off[k + 1];
+        if (b < e) mm_rows(&mj->j[k], b - mj->off[k], e - mj->off[k], tid);
+    }
+}
+
+int cpu_matmul_n(void *vctx, int n, const bk_weight *const *w, const float *x, int32_t T, float *const *y) {
+    cpu_ctx *ctx = vctx;
+    int same = n >= 1 && n <= CPU_MATMUL_N_MAX;
+    for (int k = 1; k < n && same; k++) same = w[k]->cols == w[0]->cols && mm_integer(ctx, w[k]) == mm_integer(ctx, w[0]);
+    if (!same) { /* different activation preparations: one matmul each */
+        for (int k = 0; k < n; k++)
+            if (cpu_matmul(vctx, w[k], x, T, y[k]) < 0) return -1;
+        return 0;
+    }
+    mm_act a;
+    if (mm_act_prepare(ctx, w[0], x, T, &a) < 0) return -1;
+    mm_multi mj = {.n = n};
+    for (int k = 0; k < n; k++) {
+        mj.j[k] = (mm_job){ctx, w[k], x, a.xs, a.integer ? &a.xq : NULL, y[k], T, 0};
+        mj.off[k + 1] = mj.off[k] + w[k]->rows;
+    }
+    tpool_run(ctx->pool, mm_multi_rows, &mj, mj.off[n], 16);
+    mm_act_free(&a);
+    int fail = 0;
+    for (int k = 0; k < n; k++) fail |= mj.j[k].fail;
+    return fail ? -1 : 0;
 }

@@ -102,67 +102,123 @@ T512I static inline __m256 idot_tail(fused_kind k, const uint8_t *w, int64_t b, 
     return cpu_iq_fma(w0, w1, _mm256_broadcast_ss(d), xb, s, acc);
 }
 
+/* The extended variant (AVX-512 VBMI + VNNI: Ice Lake, Zen 4 and later; used
+ * when ctx->avx512x) widens a Q4_0 / Q4_1 block pair from one masked 64-byte
+ * load: one vpermb spreads the 32 nibble bytes to 16-bit lanes (low nibble =
+ * column i, high nibble = column 16 + i, as iq_load_pair's vectors), another
+ * gathers the fp16 d (and m) into a vector converted exactly by vcvtph2ps
+ * (the same f32 values as the cpu_fp16_f32 table), and vpdpwssd adds the
+ * second half's pair sums (exact int32, as vpmaddwd + vpaddd). Q8_0 keeps
+ * iq_load_pair. */
+#define T512X __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
+#define T512XI                                                                                                     \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c"), always_inline))
+
+/* iq_load_pair for Q4_0 / Q4_1 with VBMI; the same *wl, *wh, *dv and m[0..1]. */
+T512XI static inline void iq_load_pair_x(fused_kind k, const uint8_t *w, int64_t b, __m512i *wl, __m512i *wh,
+                                         __m512 *dv, float *m) {
+    if (k == FK_Q8_0) { iq_load_pair(k, w, b, wl, wh, dv, m); return; }
+    const int q41 = k == FK_Q4_1;
+    const int bs = q41 ? 20 : 18; /* block bytes; the nibbles start at byte 4 (Q4_1) or 2 (Q4_0) */
+    /* the pair's 2 * bs bytes; masked so the last pair of a matrix reads nothing past it */
+    const __m512i raw = _mm512_maskz_loadu_epi8((1ull << (2 * bs)) - 1, w + (size_t)b * (size_t)bs);
+    /* byte 2i of the result <- nibble byte i of the pair (i < 16: block b, else block b + 1), odd bytes 0 */
+    const __m512i spread_idx =
+        q41 ? _mm512_set_epi8(0, 39, 0, 38, 0, 37, 0, 36, 0, 35, 0, 34, 0, 33, 0, 32, 0, 31, 0, 30, 0, 29, 0, 28, 0,
+                              27, 0, 26, 0, 25, 0, 24, 0, 19, 0, 18, 0, 17, 0, 16, 0, 15, 0, 14, 0, 13, 0, 12, 0, 11,
+                              0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4)
+            : _mm512_set_epi8(0, 35, 0, 34, 0, 33, 0, 32, 0, 31, 0, 30, 0, 29, 0, 28, 0, 27, 0, 26, 0, 25, 0, 24, 0,
+                              23, 0, 22, 0, 21, 0, 20, 0, 17, 0, 16, 0, 15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9,
+                              0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2);
+    const __m512i spread = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, spread_idx, raw);
+    *wl = _mm512_and_si512(spread, _mm512_set1_epi16(0x0f));
+    *wh = _mm512_srli_epi16(spread, 4);
+    /* fp16 words [d(b), d(b+1), m(b), m(b+1)] (Q4_0: the two d twice) -> f32 */
+    const __m512i dm_idx = _mm512_castsi128_si512(
+        q41 ? _mm_setr_epi8(0, 1, 20, 21, 2, 3, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0)
+            : _mm_setr_epi8(0, 1, 18, 19, 0, 1, 18, 19, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128 dm = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_maskz_permutexvar_epi8(0xff, dm_idx, raw)));
+    *dv = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                _mm512_castps128_ps512(dm));
+    if (q41) _mm_storeh_pi((__m64 *)(void *)m, dm);
+    else _mm_storel_pi((__m64 *)(void *)m, _mm_mul_ps(_mm_set1_ps(-8.0f), dm)); /* -8 * d, as iq_load_pair */
+}
+
+/* The pair sums of a block pair: standard (vpmaddwd + vpaddd) and VNNI. */
+T512I static inline __m512i psum_std(__m512i wl, __m512i wh, __m512i xl, __m512i xh) {
+    return _mm512_add_epi32(_mm512_madd_epi16(wl, xl), _mm512_madd_epi16(wh, xh));
+}
+T512XI static inline __m512i psum_x(__m512i wl, __m512i wh, __m512i xl, __m512i xh) {
+    return _mm512_dpwssd_epi32(_mm512_madd_epi16(wl, xl), wh, xh);
+}
+
 /* One row, NT tokens. Per chunk of IDOT_CHUNK blocks: the block pairs into
  * acc = [a0 | a1], an odd last block into a0 (after every pair, as in AVX2,
  * where it is also the row's last block), then the chunk's m-terms into the
- * 8-lane am and the scalar mt exactly as AVX2 does. */
-T512I static inline void idot_n(fused_kind K, const int NT, const uint8_t *w, int64_t cols, const xq_rows *xq,
-                                int32_t t0, float *out) {
-    const int64_t nb = cols / 32;
-    __m512 acc[CPU512_MAX_NT];
-    __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];
-    float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];
-    int has_tail = 0;
-    for (int u = 0; u < NT; u++) {
-        acc[u] = _mm512_setzero_ps();
-        am[u] = tail[u] = _mm256_setzero_ps();
-        mt[u] = 0.0f;
+ * 8-lane am and the scalar mt exactly as AVX2 does. LOAD_PAIR / PSUM pick the
+ * standard or the VBMI + VNNI variant (same values). */
+#define DEF_IDOT_N(NAME, ATTR, LOAD_PAIR, PSUM)                                                                    \
+    ATTR static inline void NAME(fused_kind K, const int NT, const uint8_t *w, int64_t cols, const xq_rows *xq,   \
+                                 int32_t t0, float *out) {                                                         \
+        const int64_t nb = cols / 32;                                                                              \
+        __m512 acc[CPU512_MAX_NT];                                                                                 \
+        __m256 am[CPU512_MAX_NT], tail[CPU512_MAX_NT];                                                             \
+        float mt[CPU512_MAX_NT], mb[IDOT_CHUNK];                                                                   \
+        int has_tail = 0;                                                                                          \
+        CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                             \
+            acc[u] = _mm512_setzero_ps();                                                                          \
+            am[u] = tail[u] = _mm256_setzero_ps();                                                                 \
+            mt[u] = 0.0f;                                                                                          \
+        }                                                                                                          \
+        for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {                                                          \
+            const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;                                       \
+            int64_t b = c0;                                                                                        \
+            for (; b + 1 < c1; b += 2) {                                                                           \
+                __m512i wl, wh;                                                                                    \
+                __m512 dv;                                                                                         \
+                LOAD_PAIR(K, w, b, &wl, &wh, &dv, &mb[b - c0]);                                                    \
+                CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                     \
+                    const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
+                    const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
+                    const __m512i p = PSUM(wl, wh, _mm512_loadu_si512((const void *)xb),                           \
+                                           _mm512_loadu_si512((const void *)(xb + 32)));                           \
+                    const __m512 sc = _mm512_mul_ps(dv, _mm512_loadu_ps(xq->s + 8 * sb));                          \
+                    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[u]);                                   \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (b < c1) { /* only at the row's end: c1 == nb, nb odd */                                            \
+                has_tail = 1;                                                                                      \
+                CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                     \
+                    const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
+                    const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
+                    /* a0 is complete here except for this block: fold it in last */                               \
+                    tail[u] = idot_tail(K, w, b, xb, xq->s + 8 * sb, _mm512_castps512_ps256(acc[u]), &mb[b - c0]); \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (K == FK_Q8_0) continue;                                                                            \
+            CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                         \
+                const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;                                  \
+                int64_t i = 0;                                                                                     \
+                for (; i + 8 <= c1 - c0; i += 8)                                                                   \
+                    am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);            \
+                for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];                                                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        CPU_UNROLL for (int u = 0; u < NT; u++) {                                                                             \
+            const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);                                 \
+            const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);                                                   \
+            out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);                                \
+        }                                                                                                          \
     }
-    for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {
-        const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;
-        int64_t b = c0;
-        for (; b + 1 < c1; b += 2) {
-            __m512i wl, wh;
-            __m512 dv;
-            iq_load_pair(K, w, b, &wl, &wh, &dv, &mb[b - c0]);
-            for (int u = 0; u < NT; u++) {
-                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
-                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
-                const __m512i p = _mm512_add_epi32(
-                    _mm512_madd_epi16(wl, _mm512_loadu_si512((const void *)xb)),
-                    _mm512_madd_epi16(wh, _mm512_loadu_si512((const void *)(xb + 32))));
-                const __m512 sc = _mm512_mul_ps(dv, _mm512_loadu_ps(xq->s + 8 * sb));
-                acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[u]);
-            }
-        }
-        if (b < c1) { /* only at the row's end: c1 == nb, nb odd */
-            has_tail = 1;
-            for (int u = 0; u < NT; u++) {
-                const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;
-                const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;
-                /* a0 is complete here except for this block: fold it in last */
-                tail[u] = idot_tail(K, w, b, xb, xq->s + 8 * sb, _mm512_castps512_ps256(acc[u]), &mb[b - c0]);
-            }
-        }
-        if (K == FK_Q8_0) continue;
-        for (int u = 0; u < NT; u++) {
-            const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;
-            int64_t i = 0;
-            for (; i + 8 <= c1 - c0; i += 8)
-                am[u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb + i), _mm256_loadu_ps(xsum + i), am[u]);
-            for (; i < c1 - c0; i++) mt[u] += mb[i] * xsum[i];
-        }
-    }
-    for (int u = 0; u < NT; u++) {
-        const __m256 a0 = has_tail ? tail[u] : _mm512_castps512_ps256(acc[u]);
-        const __m256 a1 = _mm512_extractf32x8_ps(acc[u], 1);
-        out[u] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[u]) + mt[u]);
-    }
-}
+DEF_IDOT_N(idot_n_std, T512I, iq_load_pair, psum_std)
+DEF_IDOT_N(idot_n_x, T512XI, iq_load_pair_x, psum_x)
 
 #define DEF_IDOT512(NT, K)                                                                                         \
     T512 static void idot512_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) { \
-        idot_n(K, NT, w, cols, xq, t0, o);                                                                         \
+        idot_n_std(K, NT, w, cols, xq, t0, o);                                                                     \
+    }                                                                                                              \
+    T512X static void idotx_##NT##_##K(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o) {  \
+        idot_n_x(K, NT, w, cols, xq, t0, o);                                                                       \
     }
 #define DEF_IDOT512_K(K)                                                                                           \
     DEF_IDOT512(1, K) DEF_IDOT512(2, K) DEF_IDOT512(3, K) DEF_IDOT512(4, K) DEF_IDOT512(5, K) DEF_IDOT512(6, K)   \
@@ -172,15 +228,107 @@ DEF_IDOT512_K(FK_Q4_0)
 DEF_IDOT512_K(FK_Q4_1)
 
 typedef void (*idot512_fn)(const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0, float *o);
-#define IDOT512_ROW(K)                                                                                             \
-    {idot512_1_##K, idot512_2_##K, idot512_3_##K, idot512_4_##K,                                                   \
-     idot512_5_##K, idot512_6_##K, idot512_7_##K, idot512_8_##K}
-static const idot512_fn IDOT512[3][CPU512_MAX_NT] = {IDOT512_ROW(FK_Q8_0), IDOT512_ROW(FK_Q4_0),
-                                                     IDOT512_ROW(FK_Q4_1)};
+#define IDOT512_ROW(P, K) {P##_1_##K, P##_2_##K, P##_3_##K, P##_4_##K, P##_5_##K, P##_6_##K, P##_7_##K, P##_8_##K}
+static const idot512_fn IDOT512[2][3][CPU512_MAX_NT] = {
+    {IDOT512_ROW(idot512, FK_Q8_0), IDOT512_ROW(idot512, FK_Q4_0), IDOT512_ROW(idot512, FK_Q4_1)},
+    {IDOT512_ROW(idotx, FK_Q8_0), IDOT512_ROW(idotx, FK_Q4_0), IDOT512_ROW(idotx, FK_Q4_1)}};
 
-void cpu512_idot(fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
+void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t cols, const xq_rows *xq, int32_t t0,
                  float *out) {
-    IDOT512[kind][nt - 1](w, cols, xq, t0, out);
+    IDOT512[ext != 0][kind][nt - 1](w, cols, xq, t0, out);
+}
+
+/* ------------------------------------------------ one token, several rows
+ * A decode step (and the LM head of any step with one output) has one
+ * token: idot_n then runs a single FMA chain per row and waits on each
+ * row's first weight load. These kernels dot NR (1..4) consecutive rows
+ * with one token instead: per row the operations of idot_n for NT = 1, in
+ * the same order on the same values (so the same bits), the rows
+ * interleaved so their chains and loads overlap, the token's activations
+ * and scales loaded once per block pair for all rows, and the next row
+ * group's weights prefetched (NR rows ahead, same column).
+ */
+/* NR rows w + r * row_bytes of one token t (see above); LOAD_PAIR / PSUM pick the variant. */
+#define DEF_IDOT_ROWS(NAME, ATTR, LOAD_PAIR, PSUM)                                                                 \
+    ATTR static inline void NAME(fused_kind K, const int NR, const uint8_t *w, size_t row_bytes, int64_t cols,    \
+                                 const xq_rows *xq, int32_t t, float *out) {                                       \
+        const int64_t nb = cols / 32;                                                                              \
+        const size_t bs = K == FK_Q8_0 ? 34 : K == FK_Q4_1 ? 20 : 18;                                             \
+        __m512 acc[4];                                                                                             \
+        __m256 am[4], tail[4];                                                                                     \
+        float mt[4], mb[4][IDOT_CHUNK];                                                                            \
+        int has_tail = 0;                                                                                          \
+        const int16_t *X = xq->X + (size_t)t * (size_t)cols;                                                       \
+        const float *S = xq->s + (size_t)t * (size_t)nb * 8;                                                       \
+        CPU_UNROLL for (int r = 0; r < NR; r++) {                                                                  \
+            acc[r] = _mm512_setzero_ps();                                                                          \
+            am[r] = tail[r] = _mm256_setzero_ps();                                                                 \
+            mt[r] = 0.0f;                                                                                          \
+        }                                                                                                          \
+        for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {                                                          \
+            const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;                                       \
+            int64_t b = c0;                                                                                        \
+            for (; b + 1 < c1; b += 2) {                                                                           \
+                const __m512i xl = _mm512_loadu_si512((const void *)(X + b * 32)),                                 \
+                              xh = _mm512_loadu_si512((const void *)(X + b * 32 + 32));                            \
+                const __m512 sv = _mm512_loadu_ps(S + 8 * b);                                                      \
+                CPU_UNROLL for (int r = 0; r < NR; r++) {                                                          \
+                    const uint8_t *wr = w + (size_t)r * row_bytes;                                                 \
+                    _mm_prefetch((const char *)(wr + (size_t)NR * row_bytes + (size_t)b * bs), _MM_HINT_T0);       \
+                    __m512i wl, wh;                                                                                \
+                    __m512 dv;                                                                                     \
+                    LOAD_PAIR(K, wr, b, &wl, &wh, &dv, &mb[r][b - c0]);                                            \
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(PSUM(wl, wh, xl, xh)), _mm512_mul_ps(dv, sv),      \
+                                             acc[r]);                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (b < c1) { /* only at the row's end: c1 == nb, nb odd */                                            \
+                has_tail = 1;                                                                                      \
+                CPU_UNROLL for (int r = 0; r < NR; r++)                                                            \
+                    tail[r] = idot_tail(K, w + (size_t)r * row_bytes, b, X + b * 32, S + 8 * b,                    \
+                                        _mm512_castps512_ps256(acc[r]), &mb[r][b - c0]);                           \
+            }                                                                                                      \
+            if (K == FK_Q8_0) continue;                                                                            \
+            const float *xsum = xq->sum + (size_t)t * (size_t)nb + c0;                                             \
+            CPU_UNROLL for (int r = 0; r < NR; r++) {                                                              \
+                int64_t i = 0;                                                                                     \
+                for (; i + 8 <= c1 - c0; i += 8)                                                                   \
+                    am[r] = _mm256_fmadd_ps(_mm256_loadu_ps(mb[r] + i), _mm256_loadu_ps(xsum + i), am[r]);         \
+                for (; i < c1 - c0; i++) mt[r] += mb[r][i] * xsum[i];                                              \
+            }                                                                                                      \
+        }                                                                                                          \
+        CPU_UNROLL for (int r = 0; r < NR; r++) {                                                                  \
+            const __m256 a0 = has_tail ? tail[r] : _mm512_castps512_ps256(acc[r]);                                 \
+            const __m256 a1 = _mm512_extractf32x8_ps(acc[r], 1);                                                   \
+            out[r] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[r]) + mt[r]);                                \
+        }                                                                                                          \
+    }
+DEF_IDOT_ROWS(idot_rows_std, T512I, iq_load_pair, psum_std)
+DEF_IDOT_ROWS(idot_rows_x, T512XI, iq_load_pair_x, psum_x)
+
+#define DEF_IDOTR512(NR, K)                                                                                        \
+    T512 static void idotr512_##NR##_##K(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq, int32_t t, \
+                                         float *o) {                                                               \
+        idot_rows_std(K, NR, w, rb, cols, xq, t, o);                                                               \
+    }                                                                                                              \
+    T512X static void idotrx_##NR##_##K(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq, int32_t t,  \
+                                        float *o) {                                                                \
+        idot_rows_x(K, NR, w, rb, cols, xq, t, o);                                                                 \
+    }
+#define DEF_IDOTR512_K(K) DEF_IDOTR512(1, K) DEF_IDOTR512(2, K) DEF_IDOTR512(3, K) DEF_IDOTR512(4, K)
+DEF_IDOTR512_K(FK_Q8_0)
+DEF_IDOTR512_K(FK_Q4_0)
+DEF_IDOTR512_K(FK_Q4_1)
+
+typedef void (*idotr512_fn)(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq, int32_t t, float *o);
+#define IDOTR_ROW(P, K) {P##_1_##K, P##_2_##K, P##_3_##K, P##_4_##K}
+static const idotr512_fn IDOTR512[2][3][4] = {
+    {IDOTR_ROW(idotr512, FK_Q8_0), IDOTR_ROW(idotr512, FK_Q4_0), IDOTR_ROW(idotr512, FK_Q4_1)},
+    {IDOTR_ROW(idotrx, FK_Q8_0), IDOTR_ROW(idotrx, FK_Q4_0), IDOTR_ROW(idotrx, FK_Q4_1)}};
+
+void cpu512_idot_rows(int ext, fused_kind kind, int nr, const uint8_t *w, size_t row_bytes, int64_t cols,
+                      const xq_rows *xq, int32_t t, float *out) {
+    IDOTR512[ext != 0][kind][nr - 1](w, row_bytes, cols, xq, t, out);
 }
 
 /* ------------------------------------------------------ plain-row dots */

@@ -2,14 +2,15 @@
  * threadpool.h: the CPU backend's worker pool.
  *
  * Why not OpenMP: libgomp workers spin at every barrier (GOMP_SPINCOUNT) and
- * a decode step has ~250 parallel regions; when the machine is shared (CI runs
- * tests in parallel on 2 cores, or several servers share a box) that spinning
- * starves the thread doing real work (measured: 90% of cycles in libgomp's
- * spin loop). This pool spins briefly (~20 us) and then sleeps on a condition
+ * a decode step had ~250 parallel regions (151 now: q/k/v and gate/up are
+ * one job each); when the machine is shared (CI runs tests in parallel on 2
+ * cores, or several servers share a box) that spinning starves the thread
+ * doing real work (measured: 90% of cycles in libgomp's spin loop). This pool spins briefly (~20 us) and then sleeps on a condition
  * variable, so an oversubscribed machine degrades gracefully.
  *
  * tpool_run splits [0, n) into chunks of `grain` handed out dynamically; the
- * calling thread participates. Which thread runs a chunk never changes the
+ * calling thread participates, and returns when every chunk has run; it does
+ * not wait for workers that took no chunk (threadpool.c). Which thread runs a chunk never changes the
  * result as long as fn computes each output from its own inputs (batch
  * invariance is the callers' contract, see backend.h).
  * Threading: one tpool_run at a time per pool (the engine thread).

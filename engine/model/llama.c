@@ -416,9 +416,9 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
         /* attention rmsnorm, q/k/v projections, RoPE */
         if (l == 0 || cap) OPS(op->rmsnorm(bx, &x, &L->attn_norm_t, c->rms_eps, &h));
         else OPS(op->add_rmsnorm(bx, &x, &h, &L->attn_norm_t, c->rms_eps, &h));
-        OPS(op->matmul(bx, &L->wq, &h, &q));
-        OPS(op->matmul(bx, &L->wk, &h, &k));
-        OPS(op->matmul(bx, &L->wv, &h, &v));
+        const bk_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        bk_tensor *yqkv[3] = {&q, &k, &v};
+        OPS(bk_matmul_n(m->be, 3, wqkv, &h, yqkv)); /* one pass where the backend has matmul_n */
         OPS(op->rope(bx, &q, nh, hd, hd, &am, &m->inv_freq_t, 1.0f, c->rope_neox));
         OPS(op->rope(bx, &k, nkv, hd, hd, &am, &m->inv_freq_t, 1.0f, c->rope_neox));
         /* paged KV write, then causal attention over the cache */
@@ -430,8 +430,9 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
         if (model_tp_all_reduce(m, &h, err) < 0) goto done;
         OPS(op->add_rmsnorm(bx, &x, &h, &L->ffn_norm_t, c->rms_eps, &h));
         /* SwiGLU, down projection (its residual add is fused into the next norm) */
-        OPS(op->matmul(bx, &L->wgate, &h, &gate));
-        OPS(op->matmul(bx, &L->wup, &h, &up));
+        const bk_weight *wgu[2] = {&L->wgate, &L->wup};
+        bk_tensor *ygu[2] = {&gate, &up};
+        OPS(bk_matmul_n(m->be, 2, wgu, &h, ygu));
         OPS(op->silu_mul(bx, &gate, &up, &gate));
         OPS(op->matmul(bx, &L->wdown, &gate, &h));
         if (model_tp_all_reduce(m, &h, err) < 0) goto done;

@@ -13,10 +13,12 @@
  *     error <= max|x| of the 32-block / 65534 per element) plus f32
  *     accumulation, |y - ref| <= sum_i |w_i| * bmax(i) / 65534 + 1e-5 * sum|w x|.
  * A wrong nibble order, scale or offset misses these by orders of magnitude.
- * Batch invariance: y of a token is bit-identical alone, inside a batch of 11
- * at any index, and with 1 or 3 threads. On a CPU with AVX-512 the AVX-512
- * kernels' outputs equal the AVX2 kernels' bit for bit (elsewhere those
- * cases are skipped, saying so). Non-finite activations give
+ * Batch invariance: y of a token is bit-identical alone (also over 34..36
+ * rows, so the one-token kernels' 4-row groups end in every size), inside a
+ * batch of 11 at any index, and with 1 or 3 threads. On a CPU with AVX-512
+ * the AVX-512 kernels' outputs equal the AVX2 kernels' bit for bit, with
+ * (avx512, where the CPU has VBMI + VNNI) and without (avx512base) the
+ * extended one-token kernels (elsewhere those cases are skipped, saying so). Non-finite activations give
  * non-finite outputs, zero activations exact zeros.
  */
 #include <math.h>
@@ -170,8 +172,10 @@ static void check_close(const wmat *m, const float *x, int32_t T, const float *y
     }
 }
 
-typedef enum { ISA_PORTABLE, ISA_AVX2, ISA_AVX512 } isa_level;
-static const char *const ISA_NAME[] = {"portable", "avx2", "avx512"};
+/* avx512base: AVX-512 F/BW/VL/DQ without the VBMI + VNNI one-token kernels (avx512 uses them where the
+ * CPU has them) */
+typedef enum { ISA_PORTABLE, ISA_AVX2, ISA_AVX512BASE, ISA_AVX512 } isa_level;
+static const char *const ISA_NAME[] = {"portable", "avx2", "avx512base", "avx512"};
 
 static backend *create_isa(isa_level isa, int threads) {
     setenv("SPECD_CPU_ISA", ISA_NAME[isa], 1);
@@ -185,17 +189,20 @@ static void run_format(bk_wtype type, isa_level isa) {
     backend *b1 = create_isa(isa, 1), *b3 = create_isa(isa, 3);
     const char *desc = bk_cpu_describe(b1);
     const int avx2 = strstr(desc, "avx2") != NULL, avx512 = strstr(desc, "avx512") != NULL;
-    if ((isa == ISA_AVX2 && !avx2) || (isa == ISA_AVX512 && !avx512)) {
+    if ((isa == ISA_AVX2 && !avx2) || (isa >= ISA_AVX512BASE && !avx512)) {
         print_message("this CPU has no %s (backend: %s): the %s kernels are not tested here\n", ISA_NAME[isa], desc,
                       ISA_NAME[isa]);
         bk_cpu_destroy(b1);
         bk_cpu_destroy(b3);
         skip();
     }
-    if (isa != ISA_AVX512) assert_null(strstr(desc, "avx512")); /* the cap holds */
+    if (isa < ISA_AVX512BASE) assert_null(strstr(desc, "avx512")); /* the cap holds */
+    if (isa == ISA_AVX512BASE) assert_null(strstr(desc, "vbmi"));
+    if (isa == ISA_AVX512 && !strstr(desc, "vbmi"))
+        print_message("this CPU has no AVX-512 VBMI + VNNI (backend: %s): avx512 runs the avx512base kernels\n", desc);
     if (isa == ISA_PORTABLE) assert_null(strstr(desc, "avx2"));
     /* the AVX2 backend the AVX-512 results must equal bit for bit */
-    backend *ref2 = isa == ISA_AVX512 ? create_isa(ISA_AVX2, 1) : NULL;
+    backend *ref2 = isa >= ISA_AVX512BASE ? create_isa(ISA_AVX2, 1) : NULL;
     /* 10 blocks (even count), 11 (odd: a tail block), 71 (more than one 64-block chunk, odd), 128 (two
      * full chunks, no tail), 137 (a third chunk of 9 blocks with a tail), and for plain rows 100 columns
      * (a 4-column scalar tail) */
@@ -225,6 +232,13 @@ static void run_format(bk_wtype type, isa_level isa) {
             assert_int_equal(bk_matmul_f32(b1, &m.w, x + (size_t)t * C, 1, y1), 0);
             assert_memory_equal(y1, y + (size_t)t * rows, sizeof(float) * (size_t)rows);
         }
+        /* one token over 34..36 rows: the one-token kernels' groups of 4 rows end in 2, 3 and 4 rows too */
+        for (int64_t nr = rows - 3; nr < rows; nr++) {
+            bk_weight sub = m.w;
+            sub.rows = nr;
+            assert_int_equal(bk_matmul_f32(b1, &sub, x + 3 * (size_t)C, 1, y1), 0);
+            assert_memory_equal(y1, y + 3 * (size_t)rows, sizeof(float) * (size_t)nr);
+        }
         assert_int_equal(bk_matmul_f32(b3, &m.w, x, T, y3), 0);
         assert_memory_equal(y3, y, sizeof(float) * T * (size_t)rows);
         for (int32_t n = 2; n <= T; n++) {
@@ -253,8 +267,52 @@ static void run_format(bk_wtype type, isa_level isa) {
     bk_cpu_destroy(ref2);
 }
 
+/* bk_matmul_n (q/k/v and gate/up in one call) == one matmul per weight, bit for bit: three weights of
+ * 37, 16 and 5 rows (pool chunks of 16 rows spanning two weights), 1 and 3 tokens, 1 and 3 threads, and
+ * a mix of formats with different activation paths (Q4_1 with F32: the per-weight fallback). */
+static void run_matmul_n(isa_level isa) {
+    const bk_wtype types[][3] = {{BK_W_Q4_1, BK_W_Q4_1, BK_W_Q4_1}, {BK_W_Q8_0, BK_W_Q8_0, BK_W_Q8_0},
+                                 {BK_W_Q4_0, BK_W_Q4_0, BK_W_Q4_0}, {BK_W_F32, BK_W_F32, BK_W_F32},
+                                 {BK_W_Q4_1, BK_W_F32, BK_W_Q8_0}};
+    const int64_t rows[3] = {37, 16, 5}, C = 2272;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        backend *b = create_isa(isa, threads);
+        if (isa != ISA_PORTABLE && !strstr(bk_cpu_describe(b), isa == ISA_AVX2 ? "avx2" : "avx512")) {
+            print_message("this CPU has no %s: skipped\n", ISA_NAME[isa]);
+            bk_cpu_destroy(b);
+            skip();
+        }
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            wmat m[3];
+            float *x = malloc(sizeof(float) * 3 * (size_t)C), *y[3], *ref = malloc(sizeof(float) * 3 * 37);
+            for (int64_t i = 0; i < 3 * C; i++) x[i] = frand();
+            for (int k = 0; k < 3; k++) {
+                make_weight(&m[k], types[ti][k], rows[k], C);
+                y[k] = malloc(sizeof(float) * 3 * (size_t)rows[k]);
+            }
+            for (int32_t T = 1; T <= 3; T += 2) {
+                const bk_weight *w[3] = {&m[0].w, &m[1].w, &m[2].w};
+                bk_tensor xt = bk_wrap_f32(x, T, C), yt[3], *yp[3];
+                for (int k = 0; k < 3; k++) yt[k] = bk_wrap_f32(y[k], T, rows[k]), yp[k] = &yt[k];
+                assert_int_equal(bk_matmul_n(b, 3, w, &xt, yp), 0);
+                for (int k = 0; k < 3; k++) {
+                    assert_int_equal(bk_matmul_f32(b, w[k], x, T, ref), 0);
+                    assert_memory_equal(ref, y[k], sizeof(float) * (size_t)T * (size_t)rows[k]);
+                }
+            }
+            for (int k = 0; k < 3; k++) { free_weight(&m[k]); free(y[k]); }
+            free(x); free(ref);
+        }
+        bk_cpu_destroy(b);
+    }
+}
+static void test_matmul_n_avx512(void **s) { (void)s; run_matmul_n(ISA_AVX512); }
+static void test_matmul_n_avx2(void **s) { (void)s; run_matmul_n(ISA_AVX2); }
+static void test_matmul_n_portable(void **s) { (void)s; run_matmul_n(ISA_PORTABLE); }
+
 #define FORMAT_TESTS(T)                                                                      \
     static void test_##T##_avx512(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512); }   \
+    static void test_##T##_avx512base(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512BASE); } \
     static void test_##T##_avx2(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX2); }       \
     static void test_##T##_portable(void **s) { (void)s; run_format(BK_W_##T, ISA_PORTABLE); }
 FORMAT_TESTS(F32)
@@ -267,8 +325,12 @@ FORMAT_TESTS(I4G32)
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-#define T2(T) cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx2), cmocka_unit_test(test_##T##_portable)
+#define T2(T)                                                                                                      \
+    cmocka_unit_test(test_##T##_avx512), cmocka_unit_test(test_##T##_avx512base), cmocka_unit_test(test_##T##_avx2), \
+        cmocka_unit_test(test_##T##_portable)
         T2(F32), T2(BF16), T2(F16), T2(Q8_0), T2(Q4_0), T2(Q4_1), T2(I4G32),
+        cmocka_unit_test(test_matmul_n_avx512), cmocka_unit_test(test_matmul_n_avx2),
+        cmocka_unit_test(test_matmul_n_portable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
