@@ -257,7 +257,30 @@ typedef struct bk_ops {
     /* Per-step metadata copy (see bk_attn_meta.dev); no-ops on host-visible backends. */
     int (*meta_upload)(void *ctx, bk_attn_meta *m);
     void (*meta_release)(void *ctx, bk_attn_meta *m);
+    /* Graph capture and replay (CUDA graphs); NULL on backends without it
+     * (the CPU backend: every step is eager). See bk_graph_ops. */
+    const struct bk_graph_ops *graph;
 } bk_ops;
+
+/* Graph capture: the ops issued between begin and end are recorded, not run
+ * (no transfer, no wait, no allocation may happen in between: uploads go
+ * before begin, downloads after launch), and launch replays them on the
+ * buffers' contents at that time. Everything a captured op reads or writes
+ * must live at the same address at every replay (fixed buffers), and every
+ * host scalar the ops bake in (tokens of the call, sequences, block-table
+ * stride, the attention's length bound) must be the same at every replay:
+ * fixed_shape(true) makes meta_upload use shape-independent values (the
+ * block-table stride and the length bound the backend was sized for) so a
+ * step of T tokens and S sequences always bakes the same launch parameters
+ * (the attention kernel's arithmetic for a token depends on its own
+ * position only, so the results are those of the eager step, bit for bit). */
+typedef struct bk_graph_ops {
+    int (*begin)(void *ctx);
+    int (*end)(void *ctx, void **exec);      /* *exec: the instantiated graph */
+    int (*launch)(void *ctx, void *exec);
+    void (*destroy)(void *ctx, void *exec);  /* NULL ok */
+    void (*fixed_shape)(void *ctx, bool on);
+} bk_graph_ops;
 
 typedef struct backend {
     const char *name;   /* "cpu", "cuda" */
