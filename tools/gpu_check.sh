@@ -120,6 +120,7 @@ fi
 [ -x "$(dirname "$BENCH")/kn_moe_bench" ] && run_step kn_moe_bench 120 "$(dirname "$BENCH")/kn_moe_bench" --json "$OUT/kn_moe_bench.jsonl" --iters 20
 [ -x "$BUILD/tests/comm/comm_gpu_bench" ] && run_step comm_gpu_bench 120 "$BUILD/tests/comm/comm_gpu_bench" --json "$OUT/comm_gpu_bench.jsonl" --iters 100 --nccl-iters 20
 run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
+run_step cuda_graphs_bench 90 sh -c '[ -x "$1" ] || { echo "cuda_graphs not built"; exit 125; }; SPECD_TWIN_DIR="$3" exec "$1" --bench "$2"' _ "$BUILD/tests/kernels/cuda_graphs" "$OUT/cuda_graphs_bench.jsonl" "$BUILD/twin"
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"
