@@ -164,7 +164,8 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
     if (!o || o->n_buckets <= 0 || o->n_q <= 0 || o->max_seqs <= 1 || o->max_tokens <= 0 || o->n_aux < 0 ||
         o->n_aux > 8)
         return specd_err_set(err, "graph options: buckets, q values, max_seqs > 1, max_tokens and <= 8 aux layers");
-    if (m->n_blocks < 2) return specd_err_set(err, "a KV pool of %d blocks cannot spare the padding block", m->n_blocks);
+    if (!m->kv_pad_blocks && m->n_blocks < 2)
+        return specd_err_set(err, "a KV pool of %d blocks cannot spare the padding block", m->n_blocks);
     struct model_graphs *gr = calloc(1, sizeof *gr);
     if (!gr) return specd_err_set(err, "out of memory");
     gr->g = calloc((size_t)o->n_buckets * (size_t)o->n_q, sizeof *gr->g);
@@ -225,9 +226,9 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
         return specd_err_set(err, "out of memory");
     }
     for (int32_t t = 0; t < gr->max_T; t++) gr->out_idx[t] = t;
-    /* the padding block: the pool's last block leaves the block manager's view */
-    m->n_blocks -= 1;
-    m->kv_pad_blocks += 1;
+    /* the padding block: the pool's last block leaves the block manager's view (once: a later capture reuses it) */
+    const bool took = !m->kv_pad_blocks;
+    if (took) m->n_blocks -= 1, m->kv_pad_blocks = 1;
     gr->pad_block = m->n_blocks;
     for (int32_t i = 0; i < nsaved; i++) {
         gr->n = i; /* graphs 0 .. i-1 captured */
@@ -235,8 +236,7 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
             const int32_t B = gr->g[i].B, q = gr->g[i].q;
             gr->n = i;
             model_graphs_release(m);
-            m->n_blocks += m->kv_pad_blocks; /* no engine has seen the pool yet: the block goes back */
-            m->kv_pad_blocks = 0;
+            if (took) m->n_blocks += 1, m->kv_pad_blocks = 0; /* no engine has seen the pool yet: the block goes back */
             return specd_err_wrap(err, "capturing the graph of %d sequences x %d tokens", B, q);
         }
     }
