@@ -61,6 +61,43 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  * KV cache gets the rest. The plan is one log line. */
 #define BUNDLE_CUDA_RESERVE ((size_t)512 << 20)
 
+/* CUDA graphs (engine/model/model_graph.c, docs/engine.md "CUDA graphs"): the
+ * buckets are --cuda-graph-sizes or 1, 2, 4, 8, ... below --max-num-seqs
+ * and --max-num-seqs itself (vLLM captures 1, 2, 4 and multiples of 8; powers
+ * of two keep the count down: a step pads to at most twice its rows). Each
+ * bucket is captured for decode (1 token per sequence) and, with a draft, for
+ * verify (k + 1 tokens). The graphs' own device memory (the driver's copy of
+ * each node's parameters and its bookkeeping; no allocation nodes) is kept
+ * outside the arena by the plan, BUNDLE_CUDA_GRAPH_NODE bytes per kernel node,
+ * before the KV cache gets the rest, so a capture cannot run out of memory
+ * when the estimate holds; the capture logs what it really took. */
+#define BUNDLE_CUDA_GRAPH_NODE ((size_t)16 << 10)
+#define BUNDLE_CUDA_GRAPH_MIN ((size_t)64 << 20)
+
+static int graph_buckets(const specd_config *cfg, int32_t *out, int cap, specd_err *err) {
+    int n = 0;
+    if (cfg->enforce_eager) return 0;
+    const int32_t S = cfg->max_num_seqs;
+    if (cfg->cuda_graph_sizes && cfg->cuda_graph_sizes[0]) {
+        const char *p = cfg->cuda_graph_sizes;
+        while (*p) {
+            char *end = NULL;
+            const long v = strtol(p, &end, 10);
+            if (end == p || v < 1 || v > S || (n && v <= out[n - 1]) || n == cap)
+                return specd_err_set(err, "--cuda-graph-sizes %s: ascending sequence counts in [1, --max-num-seqs %d], "
+                                          "at most %d", cfg->cuda_graph_sizes, S, cap);
+            out[n++] = (int32_t)v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                return specd_err_set(err, "--cuda-graph-sizes %s: comma-separated integers", cfg->cuda_graph_sizes);
+        }
+        return n;
+    }
+    for (int32_t b = 1; b < S && n < cap - 1; b *= 2) out[n++] = b;
+    out[n++] = S;
+    return n;
+}
+
 typedef struct dev_dims {
     bool deepseek;
     int64_t hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, max_pos;
@@ -226,9 +263,12 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     const int64_t max_len = cfg->max_model_len > 0 ? cfg->max_model_len : (d.max_pos > (1 << 24) ? 1 << 24 : d.max_pos);
     const int64_t T = cfg->max_num_batched_tokens, H = d.hidden, qd = d.n_heads * d.head_dim,
                   kvd = d.n_kv_heads * d.head_dim;
+    const int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
+    if (nb < 0) return -1;
+    b->n_graph_buckets = nb;
     bk_cuda_opts o = {.device = 0,
                       .max_tokens = (int32_t)T,
-                      .max_seqs = cfg->max_num_seqs,
+                      .max_seqs = cfg->max_num_seqs + (nb ? 1 : 0), /* + the graphs' padding sequence */
                       .max_len = (int32_t)max_len,
                       .block_size = cfg->block_size > 0 ? cfg->block_size : 16,
                       .max_heads = (int32_t)d.n_heads,
@@ -252,7 +292,12 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                       (b->spec.enabled ? 4 * (size_t)T * EAGLE3_MAX_AUX * (size_t)H : 0); /* aux capture */
     const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
                                                        ((size_t)16 << 20); /* + norms, alignment */
-    const size_t need = BUNDLE_CUDA_RESERVE + wb + 2 * ws + fixed + dd.fixed;
+    /* graphs: buckets x (decode, verify) x (per layer ~16 kernel nodes + the outputs') */
+    const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1);
+    size_t graphs = n_graphs * (size_t)(16 * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
+    if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
+    b->graph_reserve = graphs;
+    const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
     const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float) + dd.per_tok;
     if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
         return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
@@ -269,14 +314,15 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     /* the KV tokens the rest holds; the target's pool gets its share, the head's (as many blocks + 256) the other */
     const int64_t kv_tokens = (int64_t)((budget - need) / per_tok);
     *kv_bytes = kv_tokens * (int64_t)(per_tok - dd.per_tok);
-    o.arena_bytes = budget - BUNDLE_CUDA_RESERVE;
+    o.arena_bytes = budget - BUNDLE_CUDA_RESERVE - graphs;
     LOG_INFO("cuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB: weights %.2f "
              "GiB (from the files), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata and "
-             "attention scratch up to %lld positions), reserve %.2f GiB, draft head %.2f GiB + its KV %.2f GiB, KV "
-             "%.2f GiB = %lld tokens",
+             "attention scratch up to %lld positions), reserve %.2f GiB, graphs %.2f GiB (%zu: %s), draft head "
+             "%.2f GiB + its KV %.2f GiB, KV %.2f GiB = %lld tokens",
              (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
              (double)wb / (1 << 30), (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
-             (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)dd.fixed / (1 << 30),
+             (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)graphs / (1 << 30), n_graphs,
+             nb ? "buckets x decode / verify" : "--enforce-eager", (double)dd.fixed / (1 << 30),
              (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)*kv_bytes / (1 << 30),
              (long long)kv_tokens);
     b->be = bk_cuda_create(&o, err);
@@ -406,6 +452,45 @@ int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap) {
     return comm_aborted(ranks_comm(b->rk), why, cap);
 }
 
+/* Captures the target's CUDA graphs (model_graphs_capture) once the model and its draft are loaded and
+ * before the engine reads the KV pool (the padding block leaves it). A failure is a refusal to start. */
+static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *err) {
+    int32_t aux[8];
+    int32_t n_aux = 0;
+    if (b->proposer && b->proposer->ops->aux_layers) n_aux = b->proposer->ops->aux_layers(b->proposer->ctx, aux);
+    if (n_aux < 0 || n_aux > 8) return specd_err_set(err, "draft: %d aux layers", n_aux);
+    const int32_t q[2] = {1, b->spec.enabled ? b->spec.k + 1 : 1};
+    model_graph_opts go = {.buckets = b->graph_buckets, .n_buckets = b->n_graph_buckets, .q = q,
+                           .n_q = b->spec.enabled && b->spec.k > 0 ? 2 : 1, .n_aux = n_aux, .aux_layers = aux,
+                           .max_step_tokens = cfg->max_num_batched_tokens, .max_seqs = cfg->max_num_seqs + 1,
+                           .max_tokens = cfg->max_num_batched_tokens};
+    size_t f0 = 0, f1 = 0, tot = 0;
+    if (bk_cuda_mem_info(0, &f0, &tot, err) < 0) return -1;
+    if (model_graphs_capture(b->m, &go, err) < 0)
+        return specd_err_wrap(err, "capturing CUDA graphs (--enforce-eager runs without them)");
+    if (bk_cuda_mem_info(0, &f1, &tot, err) < 0) return -1;
+    model_graph_stats st;
+    model_graph_get_stats(b->m, &st);
+    char list[256];
+    size_t o = 0;
+    for (int i = 0; i < b->n_graph_buckets && o < sizeof list; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s%d", i ? "," : "", b->graph_buckets[i]);
+    LOG_INFO("cuda graphs: %d captured (buckets %s x %d token%s per sequence%s), %.1f MiB of device memory "
+             "(planned %.1f MiB); KV pool %d blocks (1 kept for padding rows)",
+             st.n_graphs, list, q[go.n_q - 1], go.n_q > 1 ? "s and 1" : "", n_aux ? ", with aux" : "",
+             (double)(f0 > f1 ? f0 - f1 : 0) / (1 << 20), (double)b->graph_reserve / (1 << 20),
+             model_kv_n_blocks(b->m));
+    if (f0 > f1 && f0 - f1 > b->graph_reserve)
+        LOG_WARN("cuda graphs took %.1f MiB, more than the %.1f MiB planned: lower --gpu-memory-utilization or "
+                 "use --cuda-graph-sizes with fewer buckets", (double)(f0 - f1) / (1 << 20),
+                 (double)b->graph_reserve / (1 << 20));
+    const int64_t kv_tokens = (int64_t)model_kv_n_blocks(b->m) * model_kv_block_size(b->m);
+    if (kv_tokens < b->max_model_len)
+        return specd_err_set(err, "the KV pool holds %lld tokens after the graphs' padding block, fewer than "
+                                  "--max-model-len %d", (long long)kv_tokens, b->max_model_len);
+    return 0;
+}
+
 int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
                       specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
@@ -495,6 +580,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         if (cfg->speculative_token_map)
             LOG_WARN("--speculative-token-map %s has no effect without a draft", cfg->speculative_token_map);
     }
+    if (!strcmp(b->device, "cuda") && b->n_graph_buckets > 0 && bundle_graphs(cfg, b, err) < 0) goto fail;
     engine_config ec = {.max_model_len = b->max_model_len,
                         .max_num_seqs = cfg->max_num_seqs,
                         .max_num_batched_tokens = cfg->max_num_batched_tokens,
@@ -607,7 +693,7 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
                     goto done;
                 }
                 snprintf(key, sizeof key, "%.*s.block_count", (int)al, arch);
-                int32_t aux[EAGLE3_MAX_AUX];
+                int32_t aux[8];
                 eagle3_aux_convention conv = EAGLE3_AUX_AUTO;
                 if (cfg->draft_aux_convention &&
                     eagle3_aux_convention_parse(cfg->draft_aux_convention, &conv, err) != 0) {

@@ -43,6 +43,9 @@ typedef struct specd_bundle {
     tp_runner tp_run;
     int n_ranks;                         /* 1 without TP */
     int64_t rank_mem[4 * 64];            /* per rank: weight bytes, KV bytes, KV blocks, block size (gathered after loading) */
+    int32_t graph_buckets[32];           /* cuda: CUDA-graph batch buckets planned (0 of them: eager) */
+    int32_t n_graph_buckets;
+    size_t graph_reserve;                /* cuda: device bytes the plan keeps outside the arena for the graphs */
 } specd_bundle;
 
 /* Loads backend + model + tokenizer and creates (not starts) the engine.

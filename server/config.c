@@ -65,6 +65,11 @@ const cfg_option specd_serve_options[] = {
     {"gpu-memory-utilization", CFG_DOUBLE, "0.9", 0.05, 1.0, OFF(gpu_memory_utilization), CFG_ENGINE, NULL,
      "cuda: fraction of the GPU's total memory this process may use (weights + workspace + KV cache; the KV "
      "cache gets what the weights and workspace leave, and --kv-cache-memory is ignored)"},
+    {"enforce-eager", CFG_BOOL, "false", NOB, OFF(enforce_eager), CFG_ENGINE, NULL,
+     "cuda: no CUDA graphs, every step launched op by op (vLLM's meaning)"},
+    {"cuda-graph-sizes", CFG_STR, NULL, NOB, OFF(cuda_graph_sizes), CFG_ENGINE, NULL,
+     "cuda: batch buckets (sequences) captured as CUDA graphs, comma-separated ascending, e.g. 1,2,4,8; "
+     "default 1,2,4,8,16,32,... up to --max-num-seqs (docs/engine.md \"CUDA graphs\")"},
     {"speculative-config", CFG_STR, NULL, NOB, OFF(speculative_config), CFG_ENGINE, NULL,
      "vLLM-style JSON: {\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":K,\"adaptive\":true}"},
     {"draft", CFG_STR, NULL, NOB, OFF(draft), CFG_ENGINE, NULL, "EAGLE-3 draft head directory (same as speculative-config model)"},

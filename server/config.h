@@ -104,6 +104,8 @@ typedef struct specd_config {
     char *speculative_token_map; /* NULL or a vocab map: the draft's hot vocabulary (eagle3_opts.hot_vocab) */
     bool check_config;
     char *log_level;
+    bool enforce_eager;         /* cuda: no CUDA graphs */
+    char *cuda_graph_sizes;     /* cuda: "1,2,4,8" graph buckets, NULL = the default */
 } specd_config;
 
 /* The resolved speculation setting, from --speculative-config or

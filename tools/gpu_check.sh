@@ -122,6 +122,7 @@ fi
 run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
 # the measured step (issue 19): one TP-8 rank of Kimi-K2.5 on this GPU; exits 3 with the reason when it does not fit
 run_step kimi_step_bench 150 sh -c '[ -x "$1" ] || { echo "kimi_step_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kimi_step_bench" "$OUT/kimi_step_bench.jsonl"
+run_step cuda_graphs_bench 90 sh -c '[ -x "$1" ] || { echo "cuda_graphs not built"; exit 125; }; SPECD_TWIN_DIR="$3" exec "$1" --bench "$2"' _ "$BUILD/tests/kernels/cuda_graphs" "$OUT/cuda_graphs_bench.jsonl" "$BUILD/twin"
 
 # --- summary.json
 python3 - "$OUT" "$T0" "$MODE" <<'PY' 2>>"$LOG" || echo '{"error": "summary writer failed, see log.txt"}' >"$OUT/summary.json"

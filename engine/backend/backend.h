@@ -350,7 +350,30 @@ typedef struct bk_ops {
      * roundings (kernels/kn_moe.h kn_moe_experts). x F32 [T, H]; y must not alias x or shared. */
     int (*moe)(void *ctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, const bk_tensor *logits,
                const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y);
+    /* Graph capture and replay (CUDA graphs); NULL on backends without it
+     * (the CPU backend: every step is eager). See bk_graph_ops. */
+    const struct bk_graph_ops *graph;
 } bk_ops;
+
+/* Graph capture: the ops issued between begin and end are recorded, not run
+ * (no transfer, no wait, no allocation may happen in between: uploads go
+ * before begin, downloads after launch), and launch replays them on the
+ * buffers' contents at that time. Everything a captured op reads or writes
+ * must live at the same address at every replay (fixed buffers), and every
+ * host scalar the ops bake in (tokens of the call, sequences, block-table
+ * stride, the attention's length bound) must be the same at every replay:
+ * fixed_shape(true) makes meta_upload use shape-independent values (the
+ * block-table stride and the length bound the backend was sized for) so a
+ * step of T tokens and S sequences always bakes the same launch parameters
+ * (the attention kernel's arithmetic for a token depends on its own
+ * position only, so the results are those of the eager step, bit for bit). */
+typedef struct bk_graph_ops {
+    int (*begin)(void *ctx);
+    int (*end)(void *ctx, void **exec);      /* *exec: the instantiated graph */
+    int (*launch)(void *ctx, void *exec);
+    void (*destroy)(void *ctx, void *exec);  /* NULL ok */
+    void (*fixed_shape)(void *ctx, bool on);
+} bk_graph_ops;
 
 typedef struct backend {
     const char *name;   /* "cpu", "cuda" */

@@ -150,6 +150,9 @@ typedef struct cu_ctx {
     float *sm_scratch;             /* kn_sample scratch for CU_SAMPLE_CHUNK rows of sm_vocab */
     size_t sm_scratch_bytes;
     int32_t sm_vocab;
+    bool fixed_shape;              /* meta_upload: stride bt_cap, max_len o.max_len (graph steps) */
+    bool capturing;                /* between graph begin and end */
+    long graph_launches;           /* replays so far (logs, tests) */
     char name[256];
     char desc[512];
     /* MoE (cu_moe): routing ids / weights and kn_moe_experts' workspace, grown to the largest step seen */
@@ -279,6 +282,7 @@ static void cu_buf_free(void *vctx, void *p) {
 static int cu_upload(void *vctx, void *dst, const void *src_host, size_t bytes) {
     cu_ctx *c = vctx;
     if (!bytes) return 0;
+    CU_REQUIRE(!c->capturing, "upload inside a graph capture (upload before capture begins)");
     if (cu_bind(c) < 0) return -1;
     CU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream));
     return 0;
@@ -298,6 +302,7 @@ static int cu_flags_check(cu_ctx *c) {
 
 static int cu_download(void *vctx, void *dst_host, const void *src, size_t bytes) {
     cu_ctx *c = vctx;
+    CU_REQUIRE(!c->capturing, "download inside a graph capture (download after the launch)");
     if (c->flags_pending)
         CU_CHECK(cudaMemcpyAsync(c->h_flags, c->d_flags, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     if (bytes) CU_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
@@ -347,6 +352,7 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     CU_REQUIRE(m->n_seqs > 0 && m->n_seqs <= c->o.max_seqs,
                "step of %d sequences; this backend was sized for at most %d", m->n_seqs, c->o.max_seqs);
     CU_CHECK(cudaEventSynchronize(c->meta_ev)); /* the previous step's copies have read the mirror */
+    CU_REQUIRE(!c->capturing, "meta_upload inside a graph capture (upload before capture begins)");
     int32_t max_len = 0, stride = 1;
     for (int32_t t = 0; t < T; t++) {
         const int32_t p = m->pos[t], s = m->seq_of[t];
@@ -355,6 +361,10 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
         CU_REQUIRE(s >= 0 && s < m->n_seqs, "token %d of sequence %d (of %d)", t, s, m->n_seqs);
         if (p + 1 > max_len) max_len = p + 1;
         if (p / bs + 1 > stride) stride = p / bs + 1;
+    }
+    if (c->fixed_shape) { /* a graph step: launch parameters that do not depend on the step's positions */
+        max_len = c->o.max_len;
+        stride = c->bt_cap;
     }
     /* rows [n_seqs, stride]: sequence s's logical blocks 0 .. (its largest position) / block_size */
     int32_t *need = c->h_bt + (size_t)c->o.max_seqs * c->bt_cap; /* [max_seqs] host-only scratch after the table */
@@ -909,6 +919,61 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
     return 0;
 }
 
+/* ------------------------------------------------------------ graphs */
+
+/* Capture on the backend's stream in thread-local mode: only this thread's
+ * unsafe calls (a synchronisation, a legacy-stream copy) invalidate it. The
+ * glue's own transfers refuse while capturing (c->capturing), so a capture
+ * holds kernel launches only. */
+static int cu_graph_begin(void *vctx) {
+    cu_ctx *c = vctx;
+    CU_REQUIRE(!c->capturing, "graph begin: a capture is already open");
+    if (cu_bind(c) < 0) return -1;
+    CU_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = true;
+    return 0;
+}
+
+static int cu_graph_end(void *vctx, void **exec) {
+    cu_ctx *c = vctx;
+    *exec = NULL;
+    CU_REQUIRE(c->capturing, "graph end without begin");
+    c->capturing = false;
+    cudaGraph_t g = NULL;
+    CU_CHECK(cudaStreamEndCapture(c->stream, &g));
+    cudaGraphExec_t x = NULL;
+    const cudaError_t e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g); /* the executable graph keeps what it needs */
+    CU_CHECK(e);
+    *exec = x;
+    return 0;
+}
+
+static int cu_graph_launch(void *vctx, void *exec) {
+    cu_ctx *c = vctx;
+    CU_REQUIRE(exec && !c->capturing, "graph launch: %s", exec ? "inside a capture" : "no graph");
+    if (cu_bind(c) < 0) return -1;
+    CU_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, c->stream));
+    c->flags_pending = true; /* the graph may hold embedding / gather launches */
+    c->graph_launches++;
+    return 0;
+}
+
+static void cu_graph_destroy(void *vctx, void *exec) {
+    (void)vctx;
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+static void cu_graph_fixed_shape(void *vctx, bool on) { ((cu_ctx *)vctx)->fixed_shape = on; }
+
+static const bk_graph_ops CUDA_GRAPH_OPS = {
+    .begin = cu_graph_begin,
+    .end = cu_graph_end,
+    .launch = cu_graph_launch,
+    .destroy = cu_graph_destroy,
+    .fixed_shape = cu_graph_fixed_shape,
+};
+
 static const bk_ops CUDA_OPS = {
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -935,6 +1000,7 @@ static const bk_ops CUDA_OPS = {
     .mla_attention = cu_mla_attention,
     .moe_place = cu_moe_place,
     .moe = cu_moe,
+    .graph = &CUDA_GRAPH_OPS,
 };
 
 /* ------------------------------------------------------------ create / destroy */

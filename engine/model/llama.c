@@ -395,12 +395,20 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     bk_cursor wc = {w0};
     bk_tensor x = bk_take(&wc, T, H), h = bk_take(&wc, T, H), q = bk_take(&wc, T, qd), k = bk_take(&wc, T, kvd);
     bk_tensor v = bk_take(&wc, T, kvd), att = bk_take(&wc, T, qd), gate = bk_take(&wc, T, F);
-    bk_tensor up = bk_take(&wc, T, F), ids = model_ids(m, b, (int32_t *)(void *)bk_take(&wc, T, 1).data);
+    /* a graph step (model_graph.c) calls this three times: uploads, ops (captured or not), downloads */
+    const int ph = m->ph ? m->ph : MODEL_PH_ALL;
+    bk_tensor up = bk_take(&wc, T, F);
+    int32_t *ids_buf = (int32_t *)(void *)bk_take(&wc, T, 1).data;
+    bk_tensor ids = ph & MODEL_PH_UP ? model_ids(m, b, ids_buf) : bk_wrap_i32(ids_buf, T, 1);
     bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : bk_take(&wc, T, naux * H);
 
     bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
-    if (op->meta_upload(bx, &am) < 0) return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
+    if (!(ph & MODEL_PH_UP)) am.dev = m->ph_dev; /* uploaded by this step's upload phase */
+    else if (op->meta_upload(bx, &am) < 0)
+        return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
+    m->ph_dev = am.dev;
     int rc = -1;
+    if (!(ph & MODEL_PH_RUN)) goto outputs;
     if (op->embed(bx, &m->embed, &ids, b->tokens, &x) < 0) { specd_err_set(err, "token id out of range"); goto done; }
     const float scale = 1.0f / sqrtf((float)hd);
 #define OPS(call) do { if ((call) < 0) { specd_err_set(err, "%s backend: %s failed", m->be->name, #call); goto done; } } while (0)
@@ -439,12 +447,18 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     }
     OPS(op->add(bx, &x, &h)); /* the last layer's residual connection */
 #undef OPS
-    if (!hv && naux && op->download(bx, b->aux, aux.data, bk_nbytes(&aux)) < 0) {
+outputs:
+    if (!hv && naux && (ph & MODEL_PH_DOWN) && b->aux &&
+        op->download(bx, b->aux, aux.data,
+                     sizeof(float) * (size_t)(m->ph ? m->ph_rows_down : T) * (size_t)(naux * H)) < 0) {
         specd_err_set(err, "%s backend: aux download failed", m->be->name);
         goto done;
     }
     rc = model_finish_outputs(m, b, &x, err);
 done:
-    op->meta_release(bx, &am);
+    if (rc < 0 || (ph & MODEL_PH_DOWN)) {
+        op->meta_release(bx, &am);
+        m->ph_dev = NULL;
+    }
     return rc;
 }

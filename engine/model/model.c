@@ -34,6 +34,11 @@ typedef struct model_alloc {
 /* Grow-only backend buffer of n floats (contents not kept when it grows). */
 static float *model_grow(model *m, float **buf, size_t *cap, size_t n) {
     if (n > *cap) {
+        if (m->gr) { /* captured graphs hold the current address: they go, the step runs eagerly */
+            LOG_WARN("model: a step needs %zu workspace floats, more than the %zu the CUDA graphs were captured "
+                     "with; graphs released (eager from now on)", n, *cap);
+            model_graphs_release(m);
+        }
         float *p = m->be->ops->buf_alloc(m->be->ctx, n * sizeof(float));
         if (!p) return NULL;
         m->be->ops->buf_free(m->be->ctx, *buf);
@@ -44,6 +49,7 @@ static float *model_grow(model *m, float **buf, size_t *cap, size_t n) {
 }
 
 float *model_workspace(model *m, size_t n) { return model_grow(m, &m->ws, &m->ws_cap, n); }
+float *model_workspace_out(model *m, size_t n) { return model_grow(m, &m->ws_out, &m->ws_out_cap, n); }
 
 int model_vec_place(model *m, float *host, int64_t n, bk_tensor *out, specd_err *err) {
     if (m->be->host_visible) {
@@ -111,7 +117,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
     if (m->kv_bf16) { /* the same element offsets on a plane of uint16 */
         uint16_t *base = (uint16_t *)(void *)m->kv;
         bk_kv_layer kv = {.block_size = m->block_size, .n_kv_heads = m->nkv_l, .head_dim = m->cfg.head_dim,
-                          .n_blocks = m->n_blocks};
+                          .n_blocks = m->n_blocks + m->kv_pad_blocks};
         kv.k16 = base + (size_t)l * m->kv_planes * m->kv_layer_elems;
         kv.v16 = m->kv_planes == 1 ? kv.k16 : base + ((size_t)l * 2 + 1) * m->kv_layer_elems;
         return kv;
@@ -123,7 +129,7 @@ bk_kv_layer model_kv_layer(model *m, int32_t l) {
         .block_size = m->block_size,
         .n_kv_heads = m->nkv_l,
         .head_dim = m->cfg.head_dim,
-        .n_blocks = m->n_blocks,
+        .n_blocks = m->n_blocks + m->kv_pad_blocks,
     };
     return kv;
 }
@@ -205,6 +211,7 @@ void model_destroy(model *m) {
     free(m->inv_freq);
     for (int i = 0; i < m->n_placed; i++) bk_tensor_free(m->be, &m->placed[i]);
     free(m->placed);
+    model_graphs_release(m);
     if (m->be) {
         m->be->ops->buf_free(m->be->ctx, m->kv);
         m->be->ops->buf_free(m->be->ctx, m->ws);
@@ -226,6 +233,10 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
     }
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_idx[i] < 0 || b->out_idx[i] >= b->n_tokens) return specd_err_set(err, "bad out_idx");
+    if (m->gr) {
+        const int r = model_graph_forward(m, b, err);
+        if (r <= 0) return r;
+    }
     return m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_forward(m, b, err) : llama_forward(m, b, err);
 }
 
@@ -251,28 +262,39 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, n_pad + xn_pad + lg_floats + 16);
     if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
     w = (float *)(((uintptr_t)w + 63) & ~(uintptr_t)63); /* grown buffers are 16-aligned (calloc) or more */
+    /* a graph step runs this in phases (MODEL_PH_*); its download phase brings back the real rows only */
+    const int ph = m->ph ? m->ph : MODEL_PH_ALL;
+    const int32_t n_down = m->ph ? m->ph_rows_down : n;
     bk_tensor idx = bk_wrap_i32(b->out_idx, n, 1);
     if (!hv) {
         idx.data = w;
-        if (op->upload(bx, w, b->out_idx, sizeof(int32_t) * (size_t)n) < 0) goto dev_fail;
+        if ((ph & MODEL_PH_UP) && op->upload(bx, w, b->out_idx, sizeof(int32_t) * (size_t)n) < 0) goto dev_fail;
     }
     bk_tensor xn = bk_wrap_f32(w + n_pad, n, H);
-    if (op->gather_rows(bx, x, &idx, &xn) < 0 || op->rmsnorm(bx, &xn, &m->out_norm_t, m->cfg.rms_eps, &xn) < 0)
+    if ((ph & MODEL_PH_RUN) &&
+        (op->gather_rows(bx, x, &idx, &xn) < 0 || op->rmsnorm(bx, &xn, &m->out_norm_t, m->cfg.rms_eps, &xn) < 0))
         goto dev_fail;
-    if (b->final_hidden && op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n * H) < 0)
+    if ((ph & MODEL_PH_DOWN) && b->final_hidden &&
+        op->download(bx, b->final_hidden, xn.data, sizeof(float) * (size_t)n_down * H) < 0)
         goto dev_fail;
     if (!b->logits && !dev_logits) return 0;
     float *lw = w + n_pad + xn_pad;
     if (!split) {
         bk_tensor lg = hv ? bk_wrap_f32(b->logits, n, V) : bk_wrap_f32(lw, n, V);
-        if (op->matmul(bx, &m->lm_head, &xn, &lg)) return specd_err_set(err, "LM head matmul failed");
-        if (dev_logits) {
-            *b->logits_dev = lg; /* stays on the device: the caller samples it there */
+        if ((ph & MODEL_PH_RUN) && op->matmul(bx, &m->lm_head, &xn, &lg))
+            return specd_err_set(err, "LM head matmul failed");
+        if (dev_logits) { /* stays on the device: the caller samples it there (a graph step: its real rows) */
+            if (ph & MODEL_PH_DOWN) {
+                lg.rows = n_down;
+                *b->logits_dev = lg;
+            }
             return 0;
         }
-        if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n * V) < 0) goto dev_fail;
+        if ((ph & MODEL_PH_DOWN) && op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n_down * V) < 0)
+            goto dev_fail;
         return 0;
     }
+    if (m->ph) return specd_err_set(err, "a graph step with a vocabulary-parallel LM head"); /* never captured */
     bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15), (int64_t)N * n, Vl);
     if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
     if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");

@@ -147,6 +147,40 @@ int model_forward(model *m, const model_batch *b, specd_err *err);
  * vocabulary (tensor parallelism gathers it on the host). */
 bool model_logits_on_device(const model *m);
 
+/* CUDA graphs of the Llama forward (model_graph.c; docs/engine.md "CUDA
+ * graphs"). A graph is captured per (bucket B, tokens per sequence q): a step
+ * of B * q token rows and B + 1 sequences (the last one the padding rows').
+ * A step with T tokens of S sequences, no tree mask, no final hidden, and
+ * logits for every row in order (decode: q = 1; verify of k drafts: q = k +
+ * 1; any other step too when it fits) replays the smallest graph with T <=
+ * B * q and S <= B: its rows are padded with token 0 at position 0 of the
+ * padding sequence, whose block table is one KV block reserved for it (taken
+ * from the pool at capture: model_kv_n_blocks drops by one), so padding
+ * never reads or writes a real sequence's KV, and the real rows are
+ * computed as eagerly (every op is batch-invariant). Other steps run eagerly.
+ * Capture after load and before the engine reads model_kv_n_blocks; on a
+ * backend without graphs (CPU) it fails with the reason. */
+typedef struct model_graph_opts {
+    const int32_t *buckets;   /* sequences per graph, ascending, each >= 1 */
+    int32_t n_buckets;
+    const int32_t *q;         /* tokens per sequence to capture (1 = decode, k + 1 = verify of k drafts) */
+    int32_t n_q;
+    int32_t n_aux;            /* aux capture in the graphs (EAGLE-3 features): layers, or 0 */
+    const int32_t *aux_layers;
+    int32_t max_step_tokens;  /* largest eager step: the workspace is sized for it first (it must never move) */
+    int32_t max_seqs;         /* sequences the backend's metadata holds: buckets need B + 1 <= max_seqs */
+    int32_t max_tokens;       /* tokens the backend's metadata holds: B * q <= max_tokens */
+} model_graph_opts;
+int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err);
+void model_graphs_release(model *m); /* NULL ok; steps run eagerly afterwards */
+typedef struct model_graph_stats {
+    int32_t n_graphs;         /* captured */
+    long replays;             /* steps run as one graph launch */
+    long eager;               /* steps that fit no graph */
+    long padded_rows;         /* padding rows computed by replays (waste) */
+} model_graph_stats;
+void model_graph_get_stats(const model *m, model_graph_stats *out);
+
 /* The embedding and LM head, for a draft head that shares them (EAGLE-3). */
 /* Host memory views even when the model runs on a device backend (the GGUF /
  * safetensors mapping stays open), so a draft may compute on a host backend. */

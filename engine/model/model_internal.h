@@ -58,11 +58,31 @@ struct model {
     bk_weight embed_host, lm_head_host; /* embed / lm_head as loaded (host views), kept by model_place for a
                                           draft head on a host backend next to a device target */
     int64_t weight_bytes;             /* this rank's weight bytes (after slicing) */
+    /* CUDA graphs (model_graph.c): the captured steps, NULL when none. A graph
+     * step runs llama_forward in three phases (MODEL_PH_*): the uploads, the
+     * kernels (captured once, replayed after), the downloads; eager steps run
+     * all three in one call (ph == 0). */
+    struct model_graphs *gr;
+    int ph;                           /* MODEL_PH_* bits of the current call; 0 = all */
+    void *ph_dev;                     /* the backend's step metadata, kept from the upload phase to the download */
+    int32_t ph_rows_down;             /* download phase of a graph step: rows of aux / logits that are real */
+    int32_t kv_pad_blocks;            /* KV blocks past n_blocks kept for graph padding rows (model_graph.c) */
 };
+
+#define MODEL_PH_UP 1   /* ids, step metadata, output indices to the backend */
+#define MODEL_PH_RUN 2  /* the ops (what a graph captures) */
+#define MODEL_PH_DOWN 4 /* aux, logits to the host; the metadata released */
+#define MODEL_PH_ALL 7
+
+/* A graph step instead of the eager forward: 0 done, -1 failed, 1 = no
+ * captured graph fits b (run it eagerly). model_graph.c. */
+int model_graph_forward(model *m, const model_batch *b, specd_err *err);
 
 /* Workspace of at least n_floats floats in backend memory (grow-only; NULL on
  * allocation failure). Earlier contents are not kept when it grows. */
 float *model_workspace(model *m, size_t n_floats);
+/* The same for model_finish_outputs' region (ws_out). */
+float *model_workspace_out(model *m, size_t n_floats);
 
 /* Makes the loaded weights, norms and RoPE frequencies backend-resident
  * (weight_place; norms wrapped on host-visible backends, uploaded otherwise).

@@ -17,6 +17,14 @@
  * uploaded, launched, downloaded, and how the engine consumes it), NOT the
  * sampling kernels' numerics: those are tests/kernels/test_kn_sample.c's
  * (kernels vs sampler.c on a GPU, or under tools/kn_emu).
+ * Graphs: between cudaStreamBeginCapture and cudaStreamEndCapture every
+ * launcher records its call (arguments by value: the pointers, the scalars,
+ * the kn_weight / kn_paged_kv / kn_attn_batch structs as they were) instead
+ * of running it; cudaGraphLaunch replays the list in order, each node
+ * running the launcher with the recorded arguments on whatever the memory
+ * holds then, which is what a GPU graph does with its kernel nodes. A copy,
+ * memset or synchronisation inside a capture fails (a real capture would be
+ * invalidated) and counts a violation.
  */
 #include "tests/backend/cuda_fake/cuda_runtime_api.h"
 #include <math.h>
@@ -36,6 +44,58 @@ int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
 long fake_h2d, fake_d2h, fake_syncs;
 size_t fake_d2h_bytes, fake_h2d_bytes;
 int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
+long fake_host_launches, fake_graph_launches, fake_captured_launches;
+int fake_graphs_alive;
+
+/* ------------------------------------------------------------ fake graphs */
+
+typedef enum fake_op {
+    FK_MATMUL, FK_EMBED, FK_RMSNORM, FK_ADD_RMSNORM, FK_ROPE, FK_SILU_MUL, FK_ADD, FK_ADD_BIAS, FK_COPY_ROWS,
+    FK_KV_WRITE, FK_ATTENTION, FK_ARGMAX,
+} fake_op;
+typedef struct fake_node { /* one recorded launch: the arguments by value */
+    fake_op op;
+    kn_weight w;
+    kn_paged_kv kv;
+    kn_attn_batch b;
+    void *p[5];
+    int64_t i[6];
+    float f[2];
+} fake_node;
+struct fake_graph {
+    fake_node *nodes;
+    int n, cap;
+};
+static struct fake_graph *fake_cap; /* the open capture, or NULL */
+static int fake_replaying;          /* > 0 while a graph launch runs its nodes */
+
+/* The launch prologue: inside a capture, record and return 0; else count a host launch (not during a replay). */
+#define FAKE_LAUNCH(...)                                                            \
+    do {                                                                            \
+        if (fake_cap) return fake_record(&(fake_node){__VA_ARGS__});                \
+        if (!fake_replaying) fake_host_launches++;                                  \
+    } while (0)
+static int fake_record(const fake_node *n) {
+    if (fake_cap->n == fake_cap->cap) {
+        int nc = fake_cap->cap ? 2 * fake_cap->cap : 256;
+        fake_node *p = realloc(fake_cap->nodes, sizeof *p * (size_t)nc);
+        if (!p) return cudaErrorMemoryAllocation;
+        fake_cap->nodes = p;
+        fake_cap->cap = nc;
+    }
+    fake_cap->nodes[fake_cap->n++] = *n;
+    fake_captured_launches++;
+    return 0;
+}
+/* A call the capture cannot hold (a copy, a memset, a wait): a violation, as a real capture would be invalidated. */
+#define FAKE_NOT_IN_CAPTURE()                                                                  \
+    do {                                                                                       \
+        if (fake_cap) {                                                                        \
+            fprintf(stderr, "FAKE: %s inside a graph capture\n", __func__);                    \
+            fake_violations++;                                                                 \
+            return cudaErrorStreamCaptureUnsupported;                                          \
+        }                                                                                      \
+    } while (0)
 
 int fake_is_device(const void *p, size_t bytes) {
     for (int i = 0; i < fake_n_allocs; i++)
@@ -73,6 +133,7 @@ cudaError_t cudaMallocHost(void **p, size_t n) {
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
     (void)s;
+    FAKE_NOT_IN_CAPTURE();
     if (kind == cudaMemcpyHostToDevice) {
         DEV(dst, n);
         fake_h2d++, fake_h2d_bytes += n;
@@ -83,14 +144,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     memcpy(dst, src, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) { (void)s; DEV(dst, n); memset(dst, v, n); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; fake_syncs++; return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) { (void)s; FAKE_NOT_IN_CAPTURE(); DEV(dst, n); memset(dst, v, n); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; FAKE_NOT_IN_CAPTURE(); fake_syncs++; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) { (void)f; *s = (cudaStream_t)(uintptr_t)1; return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) { (void)f; *e = (cudaEvent_t)(uintptr_t)1; return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; FAKE_NOT_IN_CAPTURE(); return cudaSuccess; }
 cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)8 << 30; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev) {
@@ -122,6 +183,7 @@ static bk_weight bkw(const kn_weight *w) { return (bk_weight){(bk_wtype)w->type,
 
 int kn_matmul(const kn_weight *w, const float *x, int32_t T, float *y, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_MATMUL, .w = *w, .p = {(void *)x, y}, .i = {T});
     fake_kn_calls++;
     DEV(w->data, kn_wbytes(w)); F32(x, (size_t)T * w->cols); F32(y, (size_t)T * w->rows);
     bk_weight bw = bkw(w);
@@ -130,6 +192,7 @@ int kn_matmul(const kn_weight *w, const float *x, int32_t T, float *y, void *str
 }
 int kn_embed(const kn_weight *w, const int32_t *tok, int32_t T, float *out, int32_t *bad, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_EMBED, .w = *w, .p = {(void *)tok, out, bad}, .i = {T});
     fake_kn_calls++;
     DEV(w->data, kn_wbytes(w)); DEV(tok, (size_t)T * 4); F32(out, (size_t)T * w->cols);
     if (bad) DEV(bad, 4);
@@ -146,12 +209,14 @@ int kn_embed(const kn_weight *w, const int32_t *tok, int32_t T, float *out, int3
 }
 int kn_rmsnorm(const float *x, const float *g, int32_t T, int32_t dim, float eps, float *out, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_RMSNORM, .p = {(void *)x, (void *)g, out}, .i = {T, dim}, .f = {eps});
     fake_kn_calls++;
     F32(x, (size_t)T * dim); F32(g, dim); F32(out, (size_t)T * dim);
     bk_tensor xt = bk_wrap_f32((float *)x, T, dim), gt = bk_wrap_f32((float *)g, 1, dim), ot = bk_wrap_f32(out, T, dim);
     return fake_cpu()->ops->rmsnorm(fake_cpu()->ctx, &xt, &gt, eps, &ot);
 }
 int kn_add_rmsnorm(float *x, const float *r, const float *g, int32_t T, int32_t dim, float eps, float *out, void *stream) {
+    FAKE_LAUNCH(.op = FK_ADD_RMSNORM, .p = {x, (void *)r, (void *)g, out}, .i = {T, dim}, .f = {eps});
     fake_kn_add_rmsnorm_calls++;
     if (r && r == out) return cudaErrorInvalidValue; /* as kernels/kn_norm.cu */
     F32(r, (size_t)T * dim);
@@ -161,6 +226,7 @@ int kn_add_rmsnorm(float *x, const float *r, const float *g, int32_t T, int32_t 
 int kn_rope(float *x, int32_t T, int32_t nh, int32_t hd, int32_t rot, const int32_t *pos, const float *invf, float ms,
             int neox, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_ROPE, .p = {x, (void *)pos, (void *)invf}, .i = {T, nh, hd, rot, neox}, .f = {ms});
     fake_kn_calls++;
     F32(x, (size_t)T * nh * hd); DEV(pos, (size_t)T * 4); F32(invf, rot / 2);
     bk_attn_meta m = {T, pos, NULL, NULL, 0, NULL, NULL};
@@ -169,6 +235,7 @@ int kn_rope(float *x, int32_t T, int32_t nh, int32_t hd, int32_t rot, const int3
 }
 int kn_silu_mul(const float *g, const float *u, int64_t n, float *out, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_SILU_MUL, .p = {(void *)g, (void *)u, out}, .i = {n});
     fake_kn_calls++;
     F32(g, n); F32(u, n); F32(out, n);
     bk_tensor gt = bk_wrap_f32((float *)g, 1, n), ut = bk_wrap_f32((float *)u, 1, n), ot = bk_wrap_f32(out, 1, n);
@@ -176,6 +243,7 @@ int kn_silu_mul(const float *g, const float *u, int64_t n, float *out, void *str
 }
 int kn_add(float *y, const float *x, int64_t n, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_ADD, .p = {y, (void *)x}, .i = {n});
     fake_kn_calls++;
     F32(y, n); F32(x, n);
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
@@ -183,6 +251,7 @@ int kn_add(float *y, const float *x, int64_t n, void *stream) {
 }
 int kn_add_bias(float *y, const float *b, int32_t T, int64_t n, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_ADD_BIAS, .p = {y, (void *)b}, .i = {T, n});
     fake_kn_calls++;
     F32(y, (size_t)T * n); F32(b, n);
     for (int32_t t = 0; t < T; t++) for (int64_t i = 0; i < n; i++) y[(size_t)t * n + i] += b[i];
@@ -190,6 +259,7 @@ int kn_add_bias(float *y, const float *b, int32_t T, int64_t n, void *stream) {
 }
 int kn_copy_rows(float *dst, int64_t dld, const float *src, int64_t sld, int32_t T, int64_t n, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_COPY_ROWS, .p = {dst, (void *)src}, .i = {dld, sld, T, n});
     fake_kn_calls++;
     F32(dst, (size_t)(T - 1) * dld + n); F32(src, (size_t)(T - 1) * sld + n);
     for (int32_t t = 0; t < T; t++) memcpy(dst + (size_t)t * dld, src + (size_t)t * sld, sizeof(float) * (size_t)n);
@@ -217,6 +287,7 @@ static int fake_meta(const kn_attn_batch *b, const kn_paged_kv *kv, bk_attn_meta
 }
 int kn_kv_write(const kn_paged_kv *kv, const kn_attn_batch *b, const float *k, const float *v, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_KV_WRITE, .kv = *kv, .b = *b, .p = {(void *)k, (void *)v});
     fake_kn_calls++;
     const int32_t *rows[256];
     bk_attn_meta m;
@@ -234,6 +305,8 @@ size_t kn_attn_scratch_bytes(int32_t T, int32_t nh, int32_t max_len, int32_t hd)
 int kn_attention(const kn_paged_kv *kv, const kn_attn_batch *b, const float *q, int32_t nh, float scale, float *out,
                  void *scratch, size_t scratch_bytes, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_ATTENTION, .kv = *kv, .b = *b, .p = {(void *)q, out, scratch}, .i = {nh, (int64_t)scratch_bytes},
+                .f = {scale});
     fake_kn_calls++;
     const int32_t *rows[256];
     bk_attn_meta m;
@@ -248,6 +321,7 @@ int kn_attention(const kn_paged_kv *kv, const kn_attn_batch *b, const float *q, 
 }
 int kn_argmax(const float *logits, int32_t T, int32_t V, const void *d2t, int d2t_bits, int32_t *out, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_ARGMAX, .p = {(void *)logits, (void *)d2t, out}, .i = {T, V, d2t_bits});
     fake_kn_calls++;
     F32(logits, (size_t)T * V); DEV(out, (size_t)T * 4);
     if (d2t) DEV(d2t, (size_t)V * (d2t_bits == 64 ? 8 : 4));
@@ -516,4 +590,77 @@ int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids,
     }
     free(u13), free(u2), free(g), free(ye);
     return 0;
+}
+
+/* ------------------------------------------------------------ fake graph API */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    (void)s;
+    (void)mode;
+    if (fake_cap) return cudaErrorInvalidValue;
+    fake_cap = calloc(1, sizeof *fake_cap);
+    return fake_cap ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    (void)s;
+    if (!fake_cap) return cudaErrorInvalidValue;
+    *g = fake_cap;
+    fake_cap = NULL;
+    fake_graphs_alive++;
+    return cudaSuccess;
+}
+/* The executable graph is a copy of the node list (the captured graph may be destroyed at once). */
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags) {
+    (void)flags;
+    struct fake_graph *e = calloc(1, sizeof *e);
+    if (!e) return cudaErrorMemoryAllocation;
+    e->nodes = malloc(sizeof *e->nodes * (size_t)(g->n ? g->n : 1));
+    if (!e->nodes) { free(e); return cudaErrorMemoryAllocation; }
+    if (g->n) memcpy(e->nodes, g->nodes, sizeof *e->nodes * (size_t)g->n);
+    e->n = e->cap = g->n;
+    fake_graphs_alive++;
+    *x = e;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (!g) return cudaErrorInvalidValue;
+    free(g->nodes);
+    free(g);
+    fake_graphs_alive--;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) { return cudaGraphDestroy(x); }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
+    if (!x || fake_cap) return cudaErrorInvalidValue;
+    fake_graph_launches++;
+    fake_replaying++;
+    int rc = 0;
+    for (int k = 0; k < x->n && !rc; k++) {
+        const fake_node *n = &x->nodes[k];
+        void *const *p = n->p;
+        const int64_t *i = n->i;
+        switch (n->op) {
+        case FK_MATMUL: rc = kn_matmul(&n->w, p[0], (int32_t)i[0], p[1], st); break;
+        case FK_EMBED: rc = kn_embed(&n->w, p[0], (int32_t)i[0], p[1], p[2], st); break;
+        case FK_RMSNORM: rc = kn_rmsnorm(p[0], p[1], (int32_t)i[0], (int32_t)i[1], n->f[0], p[2], st); break;
+        case FK_ADD_RMSNORM:
+            rc = kn_add_rmsnorm(p[0], p[1], p[2], (int32_t)i[0], (int32_t)i[1], n->f[0], p[3], st);
+            break;
+        case FK_ROPE:
+            rc = kn_rope(p[0], (int32_t)i[0], (int32_t)i[1], (int32_t)i[2], (int32_t)i[3], p[1], p[2], n->f[0],
+                         (int)i[4], st);
+            break;
+        case FK_SILU_MUL: rc = kn_silu_mul(p[0], p[1], i[0], p[2], st); break;
+        case FK_ADD: rc = kn_add(p[0], p[1], i[0], st); break;
+        case FK_ADD_BIAS: rc = kn_add_bias(p[0], p[1], (int32_t)i[0], i[1], st); break;
+        case FK_COPY_ROWS: rc = kn_copy_rows(p[0], i[0], p[1], i[1], (int32_t)i[2], i[3], st); break;
+        case FK_KV_WRITE: rc = kn_kv_write(&n->kv, &n->b, p[0], p[1], st); break;
+        case FK_ATTENTION:
+            rc = kn_attention(&n->kv, &n->b, p[0], (int32_t)i[0], n->f[0], p[1], p[2], (size_t)i[1], st);
+            break;
+        case FK_ARGMAX: rc = kn_argmax(p[0], (int32_t)i[0], (int32_t)i[1], p[1], (int)i[2], p[2], st); break;
+        }
+    }
+    fake_replaying--;
+    return rc ? cudaErrorInvalidValue : cudaSuccess;
 }

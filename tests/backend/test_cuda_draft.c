@@ -28,7 +28,13 @@
  *      the device waits on it exactly once (one stream synchronisation: the
  *      download of the drafted ids; the embedding's bad-id flag travels in the
  *      same sync) and uploads only metadata, features, tokens and indices;
- *   3. no host pointer reached a device op.
+ *   3. with CUDA graphs captured on the device target (buckets {1, 2} x q
+ *      {1, k + 1}, the head's aux layers; model_graph.c): plain greedy and
+ *      greedy speculative decoding (k = 1, 4; the head on the same device,
+ *      its eager steps interleaved with the target's replays) equal plain
+ *      greedy on the CPU token for token, and the decode / verify steps
+ *      were replayed (stats);
+ *   4. no host pointer reached a device op.
  * Needs the SmolLM2 GGUF and the venv's numpy (random head); skips (77)
  * without them.
  */
@@ -272,6 +278,42 @@ int main(void) {
         EXPECT(!memcmp(pr_c, pr_g, sizeof pr_c), "k=%d: the head on the device proposed differently", k);
         printf("k=%d: 12 tokens == plain greedy (head on the device, and on its CPU backend); proposals identical to "
                "the all-CPU run\n", k);
+    }
+    /* part 3: the device target with CUDA graphs (one block more: the padding block leaves the pool) */
+    {
+        backend *dev2 = bk_cuda_create(&co, &err);
+        model *mg = dev2 ? dt_model(dev2, 9) : NULL;
+        spec_proposer *sp = NULL;
+        eagle3_opts eo = {.n_blocks = 16, .max_rows = MAXT, .max_seqs = 4};
+        int32_t layers[8] = {0}, n_aux = 0;
+        if (mg && eagle3_load(dir, mg, &eo, &sp, &err) == 0) {
+            n_aux = sp->ops->aux_layers(sp->ctx, layers);
+            eagle3_destroy(sp);
+        }
+        EXPECT(mg && n_aux == 3, "graph target: %s", err.msg);
+        static const int32_t buckets[] = {1, 2};
+        for (int32_t k = 1; mg && n_aux == 3 && k <= 4; k += 3) {
+            const int32_t q[2] = {1, k + 1};
+            model_graphs_release(mg);
+            model_graph_opts go = {.buckets = buckets, .n_buckets = 2, .q = q, .n_q = 2, .n_aux = 3,
+                                   .aux_layers = layers, .max_step_tokens = MAXT, .max_seqs = co.max_seqs,
+                                   .max_tokens = MAXT};
+            /* the second capture reuses the padding block the first one kept (the pool stays at 8 blocks) */
+            if (model_graphs_capture(mg, &go, &err) < 0) { EXPECT(0, "capture: %s", err.msg); break; }
+            EXPECT(model_kv_n_blocks(mg) == 8, "k=%d: the pool keeps 8 blocks (%d)", k, model_kv_n_blocks(mg));
+            int32_t out_p[GEN] = {0}, out_s[GEN] = {0}, pr[GEN * 4] = {0};
+            plain_greedy(mg, out_p);
+            spec_greedy(mg, NULL, dir, k, out_s, pr);
+            model_graph_stats st;
+            model_graph_get_stats(mg, &st);
+            EXPECT(!memcmp(out_p, ref, sizeof ref), "k=%d: plain greedy with graphs != plain greedy on the CPU", k);
+            EXPECT(!memcmp(out_s, ref, sizeof ref), "k=%d: speculative greedy with graphs != plain greedy", k);
+            EXPECT(st.replays >= GEN, "k=%d: %ld steps replayed (decode and verify steps fit)", k, st.replays);
+            printf("k=%d, graphs on the device target: plain and speculative greedy == plain greedy on the CPU "
+                   "(%ld steps replayed, %ld eager)\n", k, st.replays, st.eager);
+        }
+        model_destroy(mg);
+        bk_cuda_destroy(dev2);
     }
     /* part 2 with the trained head shipped in draft/heads (real acceptance) and its hot vocabulary */
     char head[1024], map[1100];

@@ -30,8 +30,24 @@
 #define cudaSetDevice fake_cudaSetDevice
 #define cudaMemGetInfo fake_cudaMemGetInfo
 #define cudaGetDeviceProperties fake_cudaGetDeviceProperties
+#define cudaStreamBeginCapture fake_cudaStreamBeginCapture
+#define cudaStreamEndCapture fake_cudaStreamEndCapture
+#define cudaGraphInstantiate fake_cudaGraphInstantiate
+#define cudaGraphLaunch fake_cudaGraphLaunch
+#define cudaGraphExecDestroy fake_cudaGraphExecDestroy
+#define cudaGraphDestroy fake_cudaGraphDestroy
 
-typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorStreamCaptureUnsupported = 900,
+} cudaError_t;
+/* Graphs: a capture records the kn_* launches (their arguments by value) instead of running them; a launch
+ * replays the list in order on the memory's contents at that time, as a GPU replays a graph's kernels. */
+typedef struct fake_graph *cudaGraph_t;
+typedef struct fake_graph *cudaGraphExec_t;
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1 };
 typedef struct fake_stream *cudaStream_t;
 typedef struct fake_event *cudaEvent_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
@@ -55,6 +71,12 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
 /* the kernels' C API, renamed the same way (cuda_fake.c implements them) */
 #define kn_probe fake_kn_probe
@@ -103,5 +125,9 @@ extern long fake_h2d, fake_d2h, fake_syncs;
 /* device -> host / host -> device bytes copied (cudaMemcpyAsync), and the sampling launches */
 extern size_t fake_d2h_bytes, fake_h2d_bytes;
 extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
+/* graphs: launches issued by the host outside a replay (a replayed launch does not count here, a captured one
+ * neither), graph launches, launches recorded by captures, graphs alive */
+extern long fake_host_launches, fake_graph_launches, fake_captured_launches;
+extern int fake_graphs_alive;
 
 #endif
