@@ -14,7 +14,10 @@
  *     8 with padding), and steps that fit no graph (T = 40: eager);
  *   - every step's logits (and aux features, when captured with them) of the
  *     graph model are bit-identical (memcmp) to the eager model's, and the
- *     eager model's to the CPU backend's at the first and last step;
+ *     eager model's to the CPU backend's at the first and last step; every
+ *     other step of the graph model keeps its logits on the device
+ *     (model_batch.logits_dev, the engine's device sampling) and those real
+ *     rows, downloaded by the test, are the same bits;
  *   - a replayed step issues ZERO kernel launches from the host and exactly
  *     one graph launch (counted by the fake); an eager step issues launches
  *     and no graph launch; the stats count replays, eager steps and padding;
@@ -91,6 +94,22 @@ static int run(side *S, const step *st, int32_t n_out, const int32_t *oi, float 
                      .block_tables = st->bt, .n_out = n_out, .out_idx = oi, .logits = logits, .n_aux = n_aux,
                      .aux_layers = aux_layers, .aux = aux};
     return model_forward(S->m, &b, err);
+}
+
+/* run() with the logits kept on the device (model_batch.logits_dev, as the engine's device sampling asks),
+ * then downloaded here into logits: a graph step must leave the real rows' logits where an eager one does. */
+static int run_dev(side *S, const step *st, float *logits, int32_t n_aux, const int32_t *aux_layers, float *aux,
+                   specd_err *err) {
+    bk_tensor ld = {0};
+    model_batch b = {.n_tokens = st->n, .tokens = st->tok, .pos = st->pos, .seq_of = st->seq, .n_seqs = st->n_seqs,
+                     .block_tables = st->bt, .n_out = st->n, .out_idx = st->oi, .logits_dev = &ld, .n_aux = n_aux,
+                     .aux_layers = aux_layers, .aux = aux};
+    if (model_forward(S->m, &b, err) < 0) return -1;
+    const int32_t V = model_get_config(S->m)->vocab;
+    if (!ld.data || ld.rows != st->n || ld.cols != V)
+        return specd_err_set(err, "device logits [%lld, %lld], want [%d, %d]", (long long)ld.rows, (long long)ld.cols,
+                             st->n, V);
+    return S->be->ops->download(S->be->ctx, logits, ld.data, sizeof(float) * (size_t)st->n * V);
 }
 
 static backend *fake_dev(void) {
@@ -171,7 +190,7 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     static const int32_t plan[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {7, 1}, {8, 1}, {1, 4},
                                       {3, 4}, {5, 4}, {8, 4}, {3, 0}, {8, 5}, {2, 1}, {8, 1}};
     const int n_plan = (int)(sizeof plan / sizeof plan[0]);
-    int n_same = 0, n_replayed = 0, n_eager = 0;
+    int n_same = 0, n_replayed = 0, n_eager = 0, n_dev = 0;
     for (int pi = 0; pi < n_plan; pi++) {
         const int32_t ns = plan[pi][0], q = plan[pi][1];
         step st = {0};
@@ -184,7 +203,10 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
         const long hl0 = fake_host_launches, gl0 = fake_graph_launches;
         model_graph_get_stats(g.m, &gs);
         const long r0 = gs.replays;
-        const int rg = run(&g, &st, st.n, st.oi, lg, n_aux, aux_layers, ag, &err);
+        /* odd steps: the logits stay on the device (device sampling), downloaded by run_dev */
+        const bool dev = pi % 2 == 1 && model_logits_on_device(g.m);
+        const int rg = dev ? run_dev(&g, &st, lg, n_aux, aux_layers, ag, &err)
+                           : run(&g, &st, st.n, st.oi, lg, n_aux, aux_layers, ag, &err);
         const long hl = fake_host_launches - hl0, gl = fake_graph_launches - gl0;
         const int re = rg ? -1 : run(&e, &st, st.n, st.oi, le, n_aux, aux_layers, ae, &err);
         if (rg || re) {
@@ -204,9 +226,10 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
         }
         const bool same = !memcmp(le, lg, sizeof(float) * (size_t)st.n * V) &&
                           (!n_aux || !memcmp(ae, ag, sizeof(float) * (size_t)st.n * n_aux * H));
-        EXPECT(same, "step %d (%d seqs x %d tokens, %s): graph %s differ from eager", pi, ns, q,
-               fits ? "replayed" : "eager", n_aux ? "logits / aux" : "logits");
+        EXPECT(same, "step %d (%d seqs x %d tokens, %s%s): graph %s differ from eager", pi, ns, q,
+               fits ? "replayed" : "eager", dev ? ", logits on the device" : "", n_aux ? "logits / aux" : "logits");
         n_same += same;
+        n_dev += dev;
         /* the CPU model runs every step too (its KV in step); the eager device path against it (fake only: a
          * GPU's sums differ in order, tests/kernels/test_cuda_backend.c bounds them) */
         if (!ON_GPU && run(&c, &st, st.n, st.oi, lc, 0, NULL, NULL, &err)) {
@@ -226,8 +249,10 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     EXPECT(n_replayed == 15 && n_eager == 1, "15 steps replayed, 1 eager (%d, %d)", n_replayed, n_eager);
     EXPECT(gs.replays == n_replayed && gs.eager == NS + n_eager, "stats: replays %ld, eager %ld", gs.replays, gs.eager);
     EXPECT(gs.padded_rows > 0, "padding happened (%ld rows)", gs.padded_rows);
+    EXPECT(n_dev == n_plan / 2, "%d steps kept their logits on the device", n_dev);
     printf("%s%s: %d/%d steps bit-identical to eager (%d replayed as one graph launch each, %d eager, %ld padding "
-           "rows)\n", path, n_aux ? " (aux)" : "", n_same, n_plan, n_replayed, n_eager, gs.padded_rows);
+           "rows; %d with the logits left on the device)\n", path, n_aux ? " (aux)" : "", n_same, n_plan, n_replayed,
+           n_eager, gs.padded_rows, n_dev);
 out:
     free(lc), free(le), free(lg), free(ae), free(ag);
     model_destroy(c.m), model_destroy(e.m), model_destroy(g.m);
