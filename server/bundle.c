@@ -75,27 +75,7 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
 #define BUNDLE_CUDA_GRAPH_MIN ((size_t)64 << 20)
 
 static int graph_buckets(const specd_config *cfg, int32_t *out, int cap, specd_err *err) {
-    int n = 0;
-    if (cfg->enforce_eager) return 0;
-    const int32_t S = cfg->max_num_seqs;
-    if (cfg->cuda_graph_sizes && cfg->cuda_graph_sizes[0]) {
-        const char *p = cfg->cuda_graph_sizes;
-        while (*p) {
-            char *end = NULL;
-            const long v = strtol(p, &end, 10);
-            if (end == p || v < 1 || v > S || (n && v <= out[n - 1]) || n == cap)
-                return specd_err_set(err, "--cuda-graph-sizes %s: ascending sequence counts in [1, --max-num-seqs %d], "
-                                          "at most %d", cfg->cuda_graph_sizes, S, cap);
-            out[n++] = (int32_t)v;
-            p = *end == ',' ? end + 1 : end;
-            if (*end && *end != ',')
-                return specd_err_set(err, "--cuda-graph-sizes %s: comma-separated integers", cfg->cuda_graph_sizes);
-        }
-        return n;
-    }
-    for (int32_t b = 1; b < S && n < cap - 1; b *= 2) out[n++] = b;
-    out[n++] = S;
-    return n;
+    return cfg->enforce_eager ? 0 : specd_config_graph_sizes(cfg, out, cap, err);
 }
 
 typedef struct dev_dims {

@@ -412,10 +412,39 @@ void specd_spec_free(specd_spec *s) {
     memset(s, 0, sizeof *s);
 }
 
+int specd_config_graph_sizes(const specd_config *c, int32_t *out, int cap, specd_err *err) {
+    int n = 0;
+    const int32_t S = c->max_num_seqs;
+    if (c->cuda_graph_sizes) {
+        const char *p = c->cuda_graph_sizes;
+        for (;;) {
+            char *end = NULL;
+            errno = 0;
+            const long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+            if (v < 0 || errno || (*end && *end != ','))
+                return specd_err_set(err, "--cuda-graph-sizes %s: comma-separated integers (e.g. 1,2,4,8)",
+                                     c->cuda_graph_sizes);
+            if (v < 1 || v > S || (n && v <= out[n - 1]) || n == cap)
+                return specd_err_set(err, "--cuda-graph-sizes %s: ascending sequence counts in [1, --max-num-seqs %d], "
+                                          "at most %d", c->cuda_graph_sizes, S, cap);
+            out[n++] = (int32_t)v;
+            if (!*end) break;
+            p = end + 1;
+        }
+        return n;
+    }
+    if (S < 1 || cap < 1) return specd_err_set(err, "--max-num-seqs %d: no CUDA graph bucket", S);
+    for (int32_t b = 1; b < S && n < cap - 1; b *= 2) out[n++] = b;
+    out[n++] = S;
+    return n;
+}
+
 int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err) {
     memset(spec, 0, sizeof *spec);
     if (c->api_key && c->api_key_file) return specd_err_set(err, "--api-key and --api-key-file are exclusive");
     if (c->api_key && !*c->api_key) return specd_err_set(err, "--api-key is empty");
+    int32_t buckets[32];
+    if (c->cuda_graph_sizes && specd_config_graph_sizes(c, buckets, 32, err) < 0) return -1;
     int32_t k = -1;
     bool json_adaptive = true;
     if (c->speculative_config) {

@@ -162,6 +162,14 @@ void specd_config_free(specd_config *c);
 int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err);
 void specd_spec_free(specd_spec *s);
 
+/* The CUDA graph batch buckets (sequences per graph): --cuda-graph-sizes
+ * parsed ("1,2,4,8": ascending integers in [1, --max-num-seqs], comma-
+ * separated, no empty item, at most cap), or by default 1, 2, 4, ... below
+ * --max-num-seqs and --max-num-seqs itself. out [cap]. Returns the count, or
+ * -1 with the reason in err. specd_config_resolve checks the flag on every
+ * device, so a bad value is refused even where no graph is captured. */
+int specd_config_graph_sizes(const specd_config *c, int32_t *out, int cap, specd_err *err);
+
 /* Parses "512M" etc. into bytes. Returns 0 or -1. */
 int cfg_parse_bytes(const char *s, int64_t *out);
 

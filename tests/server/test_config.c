@@ -188,6 +188,44 @@ static void test_json_redacts_key(void **state) {
     specd_config_free(&c);
 }
 
+/* --cuda-graph-sizes: parsed the same on every device (specd_config_resolve refuses a bad value even with
+ * --device cpu, where no graph is captured); the default buckets follow --max-num-seqs. */
+static void test_graph_sizes(void **state) {
+    (void)state;
+    memset(fake_env, 0, sizeof fake_env);
+    specd_config c;
+    specd_err err = {{0}};
+    specd_spec s;
+    int32_t b[32];
+    char *ok[] = {"--device", "cpu", "--max-num-seqs", "16", "--cuda-graph-sizes", "1,3,16"};
+    assert_int_equal(parse(&c, 6, ok, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
+    assert_int_equal(specd_config_graph_sizes(&c, b, 32, &err), 3);
+    assert_int_equal(b[0], 1);
+    assert_int_equal(b[1], 3);
+    assert_int_equal(b[2], 16);
+    specd_spec_free(&s);
+    specd_config_free(&c);
+    char *def[] = {"--max-num-seqs", "24"};
+    assert_int_equal(parse(&c, 2, def, &err), 0);
+    const int32_t want[] = {1, 2, 4, 8, 16, 24};
+    assert_int_equal(specd_config_graph_sizes(&c, b, 32, &err), 6);
+    for (int i = 0; i < 6; i++) assert_int_equal(b[i], want[i]);
+    specd_config_free(&c);
+    static const char *bad[][2] = {{"1,2,", "comma-separated integers"}, {"1,,2", "comma-separated integers"},
+                                   {"a", "comma-separated integers"},    {"2,1", "ascending"},
+                                   {"1,2,4,17", "[1, --max-num-seqs 16]"}, {"0", "ascending"},
+                                   {"-1", "comma-separated integers"},  {"1 2", "comma-separated integers"},
+                                   {"", "comma-separated integers"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *a[] = {"--device", "cpu", "--max-num-seqs", "16", "--cuda-graph-sizes", (char *)bad[i][0]};
+        assert_int_equal(parse(&c, 6, a, &err), 0);
+        if (specd_config_resolve(&c, &s, &err) != -1) fail_msg("--cuda-graph-sizes '%s' accepted", bad[i][0]);
+        if (!strstr(err.msg, bad[i][1])) fail_msg("--cuda-graph-sizes '%s': %s", bad[i][0], err.msg);
+        specd_config_free(&c);
+    }
+}
+
 static void test_spec_resolution(void **state) {
     (void)state;
     memset(fake_env, 0, sizeof fake_env);
@@ -289,7 +327,7 @@ int main(void) {
         cmocka_unit_test(test_defaults),        cmocka_unit_test(test_argv_forms),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_env_precedence),
         cmocka_unit_test(test_env_name_and_bytes), cmocka_unit_test(test_json_redacts_key),
-        cmocka_unit_test(test_spec_resolution), cmocka_unit_test(test_engine_subset),
+        cmocka_unit_test(test_spec_resolution), cmocka_unit_test(test_graph_sizes), cmocka_unit_test(test_engine_subset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
