@@ -444,6 +444,9 @@ int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err
     if (c->api_key && c->api_key_file) return specd_err_set(err, "--api-key and --api-key-file are exclusive");
     if (c->api_key && !*c->api_key) return specd_err_set(err, "--api-key is empty");
     int32_t buckets[32];
+    if (c->cuda_graph_sizes && c->enforce_eager) /* a bucket list nothing would capture: refused, not ignored */
+        return specd_err_set(err, "--cuda-graph-sizes %s and --enforce-eager contradict each other (eager steps "
+                                  "capture no CUDA graphs; drop one)", c->cuda_graph_sizes);
     if (c->cuda_graph_sizes && specd_config_graph_sizes(c, buckets, 32, err) < 0) return -1;
     int32_t k = -1;
     bool json_adaptive = true;

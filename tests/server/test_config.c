@@ -224,6 +224,17 @@ static void test_graph_sizes(void **state) {
         if (!strstr(err.msg, bad[i][1])) fail_msg("--cuda-graph-sizes '%s': %s", bad[i][0], err.msg);
         specd_config_free(&c);
     }
+    /* with --enforce-eager no graph is captured: a bucket list is a contradiction, refused with the reason */
+    char *eager[] = {"--max-num-seqs", "16", "--cuda-graph-sizes", "1,2", "--enforce-eager"};
+    assert_int_equal(parse(&c, 5, eager, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), -1);
+    assert_non_null(strstr(err.msg, "--cuda-graph-sizes 1,2 and --enforce-eager contradict"));
+    specd_config_free(&c);
+    char *eager_only[] = {"--max-num-seqs", "16", "--enforce-eager"};
+    assert_int_equal(parse(&c, 3, eager_only, &err), 0);
+    assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
+    specd_spec_free(&s);
+    specd_config_free(&c);
 }
 
 static void test_spec_resolution(void **state) {
