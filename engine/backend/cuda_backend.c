@@ -246,6 +246,11 @@ static size_t cu_free_total(const cu_ctx *c) {
 
 static void *cu_buf_alloc(void *vctx, size_t bytes) {
     cu_ctx *c = vctx;
+    if (c->capturing) { /* its memset would join the graph, and a later regrowth would free what the graph reads */
+        LOG_ERROR("cuda backend: buf_alloc of %zu bytes inside a graph capture (allocate before capture begins)",
+                  bytes);
+        return NULL;
+    }
     if (cu_bind(c) < 0) return NULL;
     const size_t off = cu_arena_take(c, bytes);
     if (off == (size_t)-1) {
@@ -345,6 +350,7 @@ static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
 static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     cu_ctx *c = vctx;
     const int32_t T = m->n_tokens, bs = c->o.block_size;
+    CU_REQUIRE(!c->capturing, "meta_upload inside a graph capture (upload before capture begins)");
     CU_REQUIRE(!c->meta_live, "meta_upload: the previous step's metadata was not released");
     if (cu_bind(c) < 0) return -1;
     CU_REQUIRE(T > 0 && T <= c->o.max_tokens, "step of %d tokens; this backend was sized for at most %d (max tokens)",
@@ -352,7 +358,6 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     CU_REQUIRE(m->n_seqs > 0 && m->n_seqs <= c->o.max_seqs,
                "step of %d sequences; this backend was sized for at most %d", m->n_seqs, c->o.max_seqs);
     CU_CHECK(cudaEventSynchronize(c->meta_ev)); /* the previous step's copies have read the mirror */
-    CU_REQUIRE(!c->capturing, "meta_upload inside a graph capture (upload before capture begins)");
     int32_t max_len = 0, stride = 1;
     for (int32_t t = 0; t < T; t++) {
         const int32_t p = m->pos[t], s = m->seq_of[t];
@@ -693,6 +698,7 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
                      int32_t *out_tokens) {
     cu_ctx *c = vctx;
     const int64_t V = logits->cols;
+    CU_REQUIRE(!c->capturing, "sample inside a graph capture (sample after the graph launch)");
     CU_REQUIRE(logits->dtype == BK_F32 && logits->rows >= n_rows && n_rows >= 0 && n_verify >= 0 && V > 0 &&
                    V <= INT32_MAX,
                "sample: logits [%lld, %lld] for %d rows", (long long)logits->rows, (long long)V, n_rows);
@@ -923,8 +929,9 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
 
 /* Capture on the backend's stream in thread-local mode: only this thread's
  * unsafe calls (a synchronisation, a legacy-stream copy) invalidate it. The
- * glue's own transfers refuse while capturing (c->capturing), so a capture
- * holds kernel launches only. */
+ * glue's own transfers, allocations (buf_alloc's memset) and sampling refuse
+ * while capturing (c->capturing), before touching the stream, so a capture
+ * holds kernel launches only and a refused call leaves it valid. */
 static int cu_graph_begin(void *vctx) {
     cu_ctx *c = vctx;
     CU_REQUIRE(!c->capturing, "graph begin: a capture is already open");

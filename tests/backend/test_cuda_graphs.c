@@ -122,6 +122,45 @@ static backend *fake_dev(void) {
     return b;
 }
 
+/* Inside a capture the glue refuses what a graph cannot hold (metadata upload, upload, download, buf_alloc,
+ * sample) BEFORE any stream call: the capture stays valid (end instantiates it; the fake counts no copy,
+ * memset or sync inside it). A meta_upload that synchronised before refusing, or a buf_alloc / sample that
+ * staged or memset, invalidates a real capture (on the fake: a violation). */
+static void test_capture_refusals(void) {
+    backend *b = fake_dev();
+    if (!b) { n_fail++; return; }
+    const bk_ops *op = b->ops;
+    void *bx = b->ctx;
+    const int v0 = fake_violations;
+    float *buf = op->buf_alloc(bx, 64 * sizeof(float)); /* [1, 64] logits, before the capture */
+    EXPECT(buf != NULL, "buf_alloc before a capture");
+    int32_t pos[1] = {0}, seq[1] = {0}, blk[1] = {0};
+    const int32_t *bt[1] = {blk};
+    bk_attn_meta am = {1, pos, seq, bt, 1, NULL, NULL};
+    float h[4] = {0};
+    const bk_tensor lg = bk_wrap_f32(buf, 1, 64);
+    const bk_sample_row row = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f, .top_k = 0,
+                               .forced = -1};
+    int32_t id = -1;
+    EXPECT(op->graph->begin(bx) == 0, "graph begin");
+    EXPECT(op->meta_upload(bx, &am) < 0, "meta_upload inside a capture accepted");
+    EXPECT(op->upload(bx, buf, h, sizeof h) < 0, "upload inside a capture accepted");
+    EXPECT(op->download(bx, h, buf, sizeof h) < 0, "download inside a capture accepted");
+    void *p = op->buf_alloc(bx, 256);
+    EXPECT(p == NULL, "buf_alloc inside a capture accepted");
+    op->buf_free(bx, p);
+    EXPECT(op->sample(bx, &lg, &row, 1, NULL, 0, &id, NULL, NULL) < 0, "sample inside a capture accepted");
+    void *exec = NULL;
+    EXPECT(op->graph->end(bx, &exec) == 0 && exec, "the capture was invalidated by a refused call");
+    EXPECT(fake_violations == v0, "%d calls a capture cannot hold were made inside it", fake_violations - v0);
+    if (exec) op->graph->destroy(bx, exec);
+    am.dev = NULL;
+    EXPECT(op->meta_upload(bx, &am) == 0, "meta_upload after the capture");
+    op->meta_release(bx, &am);
+    op->buf_free(bx, buf);
+    bk_cuda_destroy(b);
+}
+
 static void test_model(const char *path, backend *cpu, bool with_aux) {
     struct stat stt;
     if (stat(path, &stt) != 0) { printf("%s: absent, skipped\n", path); return; }
@@ -360,6 +399,7 @@ int main(int argc, char **argv) {
     const char *mini = getenv("MODEL_HF_MINI_DIR"), *gguf = getenv("SPECD_MODEL_GGUF");
     const char *twin = ON_GPU ? getenv("SPECD_TWIN_DIR") : NULL;
     char p[4096];
+    test_capture_refusals();
     if (mini) {
         snprintf(p, sizeof p, "%s/f32", mini);
         test_model(p, cpu, false);
