@@ -36,8 +36,11 @@
  * staging, its mirror and the scratch are carved at create when
  * opts.sample_vocab is set (counted by bk_cuda_fixed_bytes: 12 x 32 x vocab
  * bytes of scratch, ~5 MiB of staging with its 2^20 history ids), else by the
- * first step that samples; they only grow (the staging doubles when a step's
- * histories outgrow it), never per step otherwise.
+ * first step that samples. A step outgrowing the carved staging is sampled
+ * in parts that fit (split between rows, never inside a chain: one upload and
+ * one download per part), since the KV pool holds the rest of the arena by
+ * then; uncarved staging (no sample_vocab) doubles instead, and a growth that
+ * fails keeps the staging it had.
  * The stream sync of that download also retires the staging for reuse.
  *
  * Errors: every CUDA call and launcher return is checked (CU_CHECK: logs
@@ -606,7 +609,10 @@ static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, 
 
 /* The staging carved at create when opts.sample_vocab > 0: a step of min(max_tokens, 16 max_seqs) rows,
  * max_seqs chains of up to 15 drafts, CU_SAMPLE_HIST_IDS history ids and CU_SAMPLE_LIST_IDS suppress +
- * logit_bias entries (a step needing more grows the staging then, or fails naming the arena). */
+ * logit_bias entries. A step needing more (long penalised histories, many logit_bias entries) is sampled
+ * in parts that fit, split between rows and never inside a chain (cu_sample_split): the KV pool has the
+ * rest of the arena by then, so growing would fail the whole step. Only a single row (or chain) that
+ * alone outgrows the staging grows it, or fails naming the arena; a failed growth keeps the old staging. */
 #define CU_SAMPLE_HIST_IDS ((size_t)1 << 20)
 #define CU_SAMPLE_LIST_IDS ((size_t)1 << 16)
 static size_t cu_sample_base_bytes(const bk_cuda_opts *o) {
@@ -623,15 +629,18 @@ static int cu_sample_reserve(cu_ctx *c, size_t bytes, int32_t vocab, bool exact)
         size_t cap = c->sm_cap ? c->sm_cap : 4096;
         while (cap < bytes) cap *= 2;
         if (exact) cap = bytes;
-        if (c->sm_h) CU_CHECK(cudaFreeHost(c->sm_h));
-        if (c->sm_d) cu_buf_free(c, c->sm_d);
-        c->sm_h = NULL, c->sm_cap = 0;
+        /* the new pair first: a growth that fails keeps the staging later (smaller) steps use */
         void *h = NULL;
         CU_CHECK(cudaMallocHost(&h, cap));
-        c->sm_h = h;
-        c->sm_d = cu_buf_alloc(c, cap);
-        CU_REQUIRE(c->sm_d, "sample: no arena room for %zu bytes of sampling inputs", cap);
-        c->sm_cap = cap;
+        char *d = cu_buf_alloc(c, cap);
+        if (!d) {
+            CU_CHECK(cudaFreeHost(h));
+            CU_REQUIRE(false, "sample: no arena room for %zu bytes of sampling inputs", cap);
+        }
+        char *old_h = c->sm_h;
+        cu_buf_free(c, c->sm_d);
+        c->sm_h = h, c->sm_d = d, c->sm_cap = cap;
+        if (old_h) CU_CHECK(cudaFreeHost(old_h));
     }
     const size_t sb = kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, vocab);
     if (sb > c->sm_scratch_bytes) {
@@ -689,6 +698,23 @@ static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, con
     return L;
 }
 
+/* A row index cutting rows [0, n) into two non-empty parts without cutting a chain, and the number of
+ * chains before it (*nv_left); 0 when there is none (one chain holds every row, or the chains are not in
+ * row order). */
+static int32_t cu_sample_split(int32_t n, const bk_verify_seq *vs, int32_t nv, int32_t *nv_left) {
+    for (int32_t v = 1; v < nv; v++)
+        if (vs[v].row0 <= vs[v - 1].row0 + vs[v - 1].n_draft) return 0;
+    int32_t mid = n / 2;
+    for (int32_t v = 0; v < nv; v++)
+        if (vs[v].row0 < mid && mid <= vs[v].row0 + vs[v].n_draft) /* inside chain v: at its start or its end */
+            mid = vs[v].row0 > 0 ? vs[v].row0 : vs[v].n_draft + 1;
+    if (mid <= 0 || mid >= n) return 0;
+    int32_t k = 0;
+    while (k < nv && vs[k].row0 < mid) k++;
+    *nv_left = k;
+    return mid;
+}
+
 /* kn_sample over every row (in chunks of CU_SAMPLE_CHUNK on a fixed scratch), the
  * processed distributions written over the logits when a chain samples, then
  * kn_spec_verify over the chains; ONE upload of everything the host staged and
@@ -710,6 +736,25 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
                    vs[v].greedy ? "greedy" : "sampling");
     if (cu_bind(c) < 0) return -1;
     const cu_sample_layout L = cu_sample_plan(rows, n_rows, vs, n_verify);
+    int32_t nvl = 0, mid = 0;
+    if (L.total > c->sm_cap && c->o.sample_vocab > 0 && (mid = cu_sample_split(n_rows, vs, n_verify, &nvl)) > 0) {
+        /* more than the staging carved at create holds: the rows in two parts (each one upload, one download) */
+        bk_verify_seq *vr = NULL;
+        if (n_verify > nvl && !(vr = malloc(sizeof *vr * (size_t)(n_verify - nvl))))
+            CU_REQUIRE(false, "sample: out of host memory splitting %d rows", n_rows);
+        for (int32_t v = nvl; v < n_verify; v++) vr[v - nvl] = vs[v], vr[v - nvl].row0 -= mid;
+        bk_tensor lo = *logits, hi = *logits;
+        lo.rows = mid;
+        hi.data = (float *)logits->data + (size_t)mid * (size_t)V;
+        hi.rows = logits->rows - mid;
+        int rc = cu_sample(c, &lo, rows, mid, vs, nvl, ids, n_accepted, out_tokens);
+        if (rc == 0)
+            rc = cu_sample(c, &hi, rows + mid, n_rows - mid, vr, n_verify - nvl, ids + mid,
+                           n_verify > nvl ? n_accepted + nvl : NULL,
+                           n_verify > nvl ? out_tokens + (size_t)nvl * 16 : NULL);
+        free(vr);
+        return rc;
+    }
     if (cu_sample_reserve(c, L.total, (int32_t)V, false) < 0) return -1;
     char *h = c->sm_h, *d = c->sm_d;
     kn_sample_params *P = (kn_sample_params *)(h + L.prm);

@@ -142,6 +142,66 @@ static void test_op_chains(backend *dev) {
     op->buf_free(dev->ctx, d);
 }
 
+/* A step whose staged inputs outgrow the staging carved at create (here: penalised histories of 3 x 500,000
+ * ids = 6 MB against ~5 MB), on an arena with no room left (as after the KV pool took it): the op samples it
+ * in parts (split between rows, never inside a chain) instead of growing the staging, so it succeeds and
+ * the arena use does not change. Expected ids from the penalty arithmetic: every row's logits are 10 at
+ * a(r), 9 at b(r), 0 elsewhere, and its history (prompt) holds a(r): repetition penalty 2 makes a(r) 5, so
+ * the greedy pick is b(r); a staged history lost or misplaced picks a(r). The chain (rows 2..5, drafts
+ * b(2), b(3), then a wrong one) accepts 2 and ends on b(4). Before the split, the step failed ("no arena
+ * room for ... sampling inputs"). */
+static void test_op_outgrown(void) {
+    enum { V = 64, NR = 6, NH = 500000 };
+    bk_cuda_opts o = {.device = 0, .max_tokens = 64, .max_seqs = 8, .max_len = 160, .block_size = EG_BS,
+                      .max_heads = 4, .max_head_dim = 64, .sample_vocab = V};
+    o.arena_bytes = bk_cuda_fixed_bytes(&o) + ((size_t)1 << 20);
+    specd_err err = {{0}};
+    backend *dev = bk_cuda_create(&o, &err);
+    EG_EXPECT(dev != NULL, "backend: %s", err.msg);
+    if (!dev) return;
+    const bk_ops *op = dev->ops;
+    void *bx = dev->ctx;
+    float *lg = calloc((size_t)NR * V, sizeof *lg);
+    int32_t *h0 = malloc(sizeof(int32_t) * NH), *h1 = malloc(sizeof(int32_t) * NH);
+    int32_t *hc = malloc(sizeof(int32_t) * (NH + 3));
+    float *d = op->buf_alloc(bx, sizeof(float) * NR * V);
+    void *fill[512];
+    int n_fill = 0;
+    while (n_fill < 512 && (fill[n_fill] = op->buf_alloc(bx, (size_t)64 << 10))) n_fill++; /* the arena full */
+    while (n_fill < 512 && (fill[n_fill] = op->buf_alloc(bx, 256))) n_fill++;
+    const size_t used = bk_cuda_arena_used(dev);
+#define A_(r) ((r) * 7 + 1)
+#define B_(r) ((r) * 7 + 2)
+    for (int r = 0; r < NR; r++) lg[(size_t)r * V + A_(r)] = 10.0f, lg[(size_t)r * V + B_(r)] = 9.0f;
+    for (int i = 0; i < NH; i++) h0[i] = A_(0), h1[i] = A_(1), hc[i] = A_(2 + i % 4); /* the chain rows' a's */
+    const int32_t drafts[3] = {B_(2), B_(3), A_(4)};
+    memcpy(hc + NH, drafts, sizeof drafts); /* row 2 + j sees drafts 1..j as outputs */
+    bk_sample_row rows[NR];
+    for (int r = 0; r < NR; r++)
+        rows[r] = (bk_sample_row){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 2.0f, .forced = -1,
+                                  .hist = r == 0 ? h0 : r == 1 ? h1 : hc, .n_prompt = NH,
+                                  .n_output = r < 2 ? 0 : r - 2};
+    bk_verify_seq vs = {.row0 = 2, .n_draft = 3, .draft = drafts, .greedy = true};
+    int32_t ids[NR], acc = -1, out[16];
+    bk_tensor t = bk_wrap_f32(d, NR, V);
+    EG_EXPECT(d && op->upload(bx, d, lg, sizeof(float) * NR * V) == 0, "upload");
+    EG_EXPECT(op->sample(bx, &t, rows, NR, &vs, 1, ids, &acc, out) == 0,
+              "a step of %d history ids on a full arena failed", 3 * NH + 3);
+    EG_EXPECT(ids[0] == B_(0) && ids[1] == B_(1), "plain rows: %d %d, want %d %d", ids[0], ids[1], B_(0), B_(1));
+    EG_EXPECT(acc == 2 && out[0] == B_(2) && out[1] == B_(3) && out[2] == B_(4),
+              "chain: %d accepted (%d %d %d), want 2 (%d %d %d)", acc, out[0], out[1], out[2], B_(2), B_(3), B_(4));
+    EG_EXPECT(bk_cuda_arena_used(dev) == used, "the arena use moved: %zu -> %zu", used, bk_cuda_arena_used(dev));
+#undef A_
+#undef B_
+    if (!eg_fail)
+        printf("sample op, staging outgrown on a full arena: %d history ids sampled in parts, ids and chain as "
+               "the penalty arithmetic says\n", 3 * NH + 3);
+    for (int i = 0; i < n_fill; i++) op->buf_free(bx, fill[i]);
+    op->buf_free(bx, d);
+    free(lg), free(h0), free(h1), free(hc);
+    bk_cuda_destroy(dev);
+}
+
 int main(void) {
     const char *mini = getenv("MODEL_HF_MINI_DIR");
     char path[4096];
@@ -168,6 +228,7 @@ int main(void) {
         return 1;
     }
     test_op_chains(dev);
+    test_op_outgrown();
     eg_scenarios(mc, md, dev);
     EG_EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     model_destroy(mc), model_destroy(md);
