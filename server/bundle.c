@@ -315,6 +315,9 @@ cpu:
     b->device = "cpu";
     *kv_bytes = cfg->kv_cache_memory;
     LOG_INFO("backend: %s", bk_cpu_describe(b->be));
+    if (cfg->cuda_graph_sizes || cfg->enforce_eager)
+        LOG_WARN("--%s has no effect on the cpu backend (every CPU step is eager)",
+                 cfg->cuda_graph_sizes ? "cuda-graph-sizes" : "enforce-eager");
     return 0;
 }
 

@@ -91,6 +91,16 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
 #include "kernels/kn_mla.h"
 #include "kernels/kn_moe.h"
 
+/* Checks a cuda* call on a teardown path (no error to return): a failure is
+ * logged with file:line and the call, and the teardown goes on. */
+#define CU_TEARDOWN(call)                                                                                   \
+    do {                                                                                                    \
+        int cu_rc_ = (int)(call);                                                                           \
+        if (cu_rc_ != 0)                                                                                    \
+            LOG_WARN("cuda backend: %s:%d: %s: %s (teardown continues)", __FILE__, __LINE__, #call,          \
+                     kn_strerror(cu_rc_));                                                                  \
+    } while (0)
+
 /* Checks a cuda* / kn_* return value inside a function returning int. */
 #define CU_CHECK(call)                                                                                  \
     do {                                                                                                \
@@ -995,7 +1005,7 @@ static int cu_graph_end(void *vctx, void **exec) {
     CU_CHECK(cudaStreamEndCapture(c->stream, &g));
     cudaGraphExec_t x = NULL;
     const cudaError_t e = cudaGraphInstantiate(&x, g, 0);
-    cudaGraphDestroy(g); /* the executable graph keeps what it needs */
+    CU_TEARDOWN(cudaGraphDestroy(g)); /* the executable graph keeps what it needs */
     CU_CHECK(e);
     *exec = x;
     return 0;
@@ -1013,7 +1023,7 @@ static int cu_graph_launch(void *vctx, void *exec) {
 
 static void cu_graph_destroy(void *vctx, void *exec) {
     (void)vctx;
-    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+    if (exec) CU_TEARDOWN(cudaGraphExecDestroy((cudaGraphExec_t)exec));
 }
 
 static void cu_graph_fixed_shape(void *vctx, bool on) { ((cu_ctx *)vctx)->fixed_shape = on; }
@@ -1191,14 +1201,14 @@ void bk_cuda_destroy(backend *b) {
     if (c->stream) {
         cudaError_t e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) LOG_WARN("cuda backend: destroy: pending work failed: %s", kn_strerror(e));
-        cudaStreamDestroy(c->stream);
+        CU_TEARDOWN(cudaStreamDestroy(c->stream));
     }
-    for (int i = 0; i < 2; i++) if (c->stage_ev[i]) cudaEventDestroy(c->stage_ev[i]);
-    if (c->meta_ev) cudaEventDestroy(c->meta_ev);
-    if (c->stage) cudaFreeHost(c->stage);
-    if (c->h_pos) cudaFreeHost(c->h_pos);
-    if (c->sm_h) cudaFreeHost(c->sm_h);
-    if (c->arena) cudaFree(c->arena);
+    for (int i = 0; i < 2; i++) if (c->stage_ev[i]) CU_TEARDOWN(cudaEventDestroy(c->stage_ev[i]));
+    if (c->meta_ev) CU_TEARDOWN(cudaEventDestroy(c->meta_ev));
+    if (c->stage) CU_TEARDOWN(cudaFreeHost(c->stage));
+    if (c->h_pos) CU_TEARDOWN(cudaFreeHost(c->h_pos));
+    if (c->sm_h) CU_TEARDOWN(cudaFreeHost(c->sm_h));
+    if (c->arena) CU_TEARDOWN(cudaFree(c->arena));
     free(c->free_list);
     free(c->live);
     free(c);
