@@ -76,7 +76,9 @@ def srv():
         shutil.rmtree(head, ignore_errors=True)
         pytest.skip(str(e))
     # --shutdown-timeout 900: the drained stream of step 8 takes ~2 min under ASan on a loaded machine
-    s = R.Server(R.MODEL, ["--max-model-len", "4096", "--kv-cache-memory", "256M", "--max-num-seqs", "1",
+    # max-model-len 8192 (the model's context): A (8000 tokens) outlives steps 1-6 even on a loaded 2-core machine (a CI run
+    # here took 188 s for this test; with 4000 tokens A finished before step 4 and n = 3 was served)
+    s = R.Server(R.MODEL, ["--max-model-len", "8192", "--kv-cache-memory", "512M", "--max-num-seqs", "1",
                            "--max-waiting", "3", "--draft", head, "--num-speculative-tokens", "3",
                            "--shutdown-timeout", "900"])
     yield s
@@ -131,7 +133,7 @@ def test_queue_full_and_drain(srv):
     n429_0 = srv.metrics().get(COUNTER_429, 0)
 
     # 1. A runs
-    ca, ra, ea = open_stream(srv.port, LONG)
+    ca, ra, ea = open_stream(srv.port, dict(LONG, max_tokens=8000))
     assert json.loads(next(ea))["choices"][0]["text"] is not None
     wait_metric(srv, lambda m: m["specd_num_requests_running"] == 1 and m["specd_num_requests_waiting"] == 0,
                 "A running alone")
