@@ -125,6 +125,10 @@ static void intake_and_aborts(engine *e) {
          * engine_wait_idle (the SIGTERM drain) could see neither inbox nor active requests while
          * this step prefills them and emits their first tokens */
         e->n_active_pub += (int64_t)n_in;
+        /* and still waiting in the count engine_submit checks --max-waiting against: without this, a submission
+         * between this move and the step's publish saw inbox 0 + the old waiting count, and an n = 3 request
+         * meant to be refused (one slot left) was admitted whole on a slow step (reliability_overload in CI) */
+        e->n_waiting_pub += (int64_t)n_in;
     }
     pthread_mutex_unlock(&e->mu);
     for (int pass = 0; pass < 2; pass++) {

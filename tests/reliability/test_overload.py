@@ -76,8 +76,10 @@ def srv():
         shutil.rmtree(head, ignore_errors=True)
         pytest.skip(str(e))
     # --shutdown-timeout 900: the drained stream of step 8 takes ~2 min under ASan on a loaded machine
-    # max-model-len 8192 (the model's context): A (8000 tokens) outlives steps 1-6 even on a loaded 2-core machine (a CI run
-    # here took 188 s for this test; with 4000 tokens A finished before step 4 and n = 3 was served)
+    # max-model-len 8192 (the model's context): A (8000 tokens) outlives steps 1-6 even on a loaded 2-core machine.
+    # (Two CI runs here saw n = 3 admitted whole at step 4: not A finishing, but engine_submit checking
+    # --max-waiting against a waiting count the engine had not republished after moving P in; fixed in
+    # scheduler.c intake_and_aborts.)
     s = R.Server(R.MODEL, ["--max-model-len", "8192", "--kv-cache-memory", "512M", "--max-num-seqs", "1",
                            "--max-waiting", "3", "--draft", head, "--num-speculative-tokens", "3",
                            "--shutdown-timeout", "900"])
