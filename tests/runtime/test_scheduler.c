@@ -341,6 +341,67 @@ static void test_validation_and_limits(void **st) {
     free(f.kv);
 }
 
+/* --max-waiting while a step runs: the step's intake has moved the queued
+ * requests out of the inbox, and engine_submit must still count them (the
+ * published waiting count is only refreshed at the step's end). A runner
+ * whose forward submits two requests in the middle of a step, with 2 of the
+ * 3 places taken: the first is admitted, the second refused (before the fix
+ * in scheduler.c intake_and_aborts both were admitted: 4 waiting of 3). */
+typedef struct submitting_runner {
+    engine_runner inner;
+    harness *h;
+    const int32_t *prompt;
+    int armed;
+    engine_stream *got[2];
+    engine_status st[2];
+} submitting_runner;
+
+static int submitting_forward(void *ctx, const model_batch *b, specd_err *err) {
+    submitting_runner *sr = ctx;
+    if (sr->armed) {
+        sr->armed = 0;
+        for (int i = 0; i < 2; i++) {
+            specd_err e2 = {0};
+            sr->got[i] = submit(sr->h, sr->prompt, 4, 2, &sr->st[i], &e2);
+        }
+    }
+    return sr->inner.forward(sr->inner.ctx, b, err);
+}
+
+static void test_max_waiting_mid_step(void **st) {
+    (void)st;
+    fake_runner f;
+    submitting_runner sr = {0};
+    fake_runner_init(&f, 32, 4, &sr.inner);
+    engine_runner r = sr.inner;
+    r.ctx = &sr;
+    r.forward = submitting_forward;
+    engine_detok d = fake_detok();
+    engine_config cfg = {.max_model_len = 64, .max_num_seqs = 1, .max_num_batched_tokens = 64, .max_waiting = 3};
+    engine *e;
+    specd_err err = {0};
+    assert_int_equal(engine_create_ex(&cfg, &r, &d, NULL, NULL, &e, &err), 0);
+    harness hh = {.e = e};
+    int32_t p[8];
+    make_prompt(p, 8, 5);
+    sr.h = &hh;
+    sr.prompt = p;
+    engine_stream *a = submit_ok(&hh, p, 8, 20);
+    assert_int_equal(engine_step(e, &err), 1); /* a runs (max_num_seqs 1) */
+    engine_stream *b = submit_ok(&hh, p, 4, 2), *c = submit_ok(&hh, p, 4, 2); /* 2 of the 3 places */
+    sr.armed = 1;
+    assert_int_equal(engine_step(e, &err), 1); /* intake moves b, c; the forward submits two more */
+    assert_non_null(sr.got[0]);
+    assert_int_equal(sr.st[0], ENGINE_OK);
+    if (sr.got[1]) fail_msg("a 4th waiting request was admitted with --max-waiting 3 (status %d)", sr.st[1]);
+    assert_int_equal(sr.st[1], ENGINE_EFULL);
+    engine_stream_release(sr.got[0]);
+    engine_stream_release(a), engine_stream_release(b), engine_stream_release(c);
+    run_until_idle(&hh, 200);
+    engine_destroy(e);
+    free(f.kv);
+}
+
 /* --max-queue-time: a request still waiting (never admitted) past the limit
  * finishes with FINISH_ERROR, error_status 503 and a message naming the
  * flag; the running request is untouched; the counter counts it; nothing
@@ -704,6 +765,7 @@ int main(void) {
         cmocka_unit_test(test_abort_frees_blocks_same_step),
         cmocka_unit_test(test_validation_and_limits),
         cmocka_unit_test(test_queue_time_limit),
+        cmocka_unit_test(test_max_waiting_mid_step),
         cmocka_unit_test(test_prefix_cache_hits),
         cmocka_unit_test(test_seeded_sampling_batch_independent),
         cmocka_unit_test(test_runner_failure_and_eos),
