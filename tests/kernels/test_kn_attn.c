@@ -36,42 +36,12 @@
 #include "kernels/kn_attn.h"
 #include "tests/kernels/kn_harness.h"
 
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        int rc_ = (int)(call);                                                                        \
-        if (rc_ != 0) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(rc_));          \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
 #define NMSE_BOUND 1e-8
 #define N_SEQS 5
 #define ROOM 130 /* positions past each context that batches may write */
 
-static int g_fail = 0;
-#define EXPECT(cond, ...)                          \
-    do {                                           \
-        if (!(cond)) {                             \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                   \
-            printf("\n");                          \
-            g_fail++;                              \
-        }                                          \
-    } while (0)
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* Uniform in [-1, 1) from (stream, a, b, c). */
-static float hval(uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t x = mix64(mix64(mix64(stream) ^ a) ^ b) ^ c;
-    x = mix64(x);
-    return (float)((double)(x >> 40) * 0x1.0p-24 * 2.0 - 1.0);
-}
 
 typedef struct shape {
     const char *name;
@@ -103,12 +73,12 @@ static size_t pool_floats(const world *w) { return (size_t)w->n_blocks * w->sh.b
 
 static void gen_q(const world *w, int32_t seq, int32_t pos, float *q) {
     const int32_t n = w->sh.n_heads * w->sh.head_dim;
-    for (int32_t i = 0; i < n; i++) q[i] = 2.0f * hval(1, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
+    for (int32_t i = 0; i < n; i++) q[i] = 2.0f * kn_hval(1, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
 }
 static void gen_kv(const world *w, int32_t seq, int32_t pos, float *k, float *v) {
     for (int32_t i = 0; i < w->row; i++) {
-        k[i] = hval(2, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
-        v[i] = w->sh.one_plane ? k[i] : hval(3, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
+        k[i] = kn_hval(2, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
+        v[i] = w->sh.one_plane ? k[i] : kn_hval(3, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
     }
 }
 
@@ -132,7 +102,7 @@ static void world_create(world *w, shape sh) {
     int32_t *perm = malloc((size_t)w->n_blocks * sizeof *perm);
     for (int32_t i = 0; i < w->n_blocks; i++) perm[i] = i;
     for (int32_t i = w->n_blocks - 1; i > 0; i--) { /* Fisher-Yates, hashed */
-        int32_t j = (int32_t)(mix64(0xB10C + (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t j = (int32_t)(kn_mix64(0xB10C + (uint64_t)i) % (uint64_t)(i + 1));
         int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
     }
     int32_t next = 0;
@@ -145,16 +115,16 @@ static void world_create(world *w, shape sh) {
     const size_t pf = pool_floats(w);
     w->hk = calloc(pf, sizeof(float));
     w->hv = sh.one_plane ? w->hk : calloc(pf, sizeof(float));
-    CK(cudaMalloc((void **)&w->dk, pf * sizeof(float)));
-    CK(cudaMemset(w->dk, 0, pf * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->dk, pf * sizeof(float)));
+    KN_CK(cudaMemset(w->dk, 0, pf * sizeof(float)));
     if (sh.one_plane) {
         w->dv = w->dk;
     } else {
-        CK(cudaMalloc((void **)&w->dv, pf * sizeof(float)));
-        CK(cudaMemset(w->dv, 0, pf * sizeof(float)));
+        KN_CK(cudaMalloc((void **)&w->dv, pf * sizeof(float)));
+        KN_CK(cudaMemset(w->dv, 0, pf * sizeof(float)));
     }
-    CK(cudaMalloc((void **)&w->d_bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t)));
-    CK(cudaMemcpy(w->d_bt, w->bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMalloc((void **)&w->d_bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t)));
+    KN_CK(cudaMemcpy(w->d_bt, w->bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t), cudaMemcpyHostToDevice));
     w->cpu = bk_cpu_create(0);
     if (!w->cpu) { fprintf(stderr, "bk_cpu_create failed\n"); exit(1); }
 
@@ -168,15 +138,15 @@ static void world_create(world *w, shape sh) {
     w->out_cpu = malloc(qn * sizeof(float));
     w->out_gpu = malloc(qn * sizeof(float));
     w->pool_copy = malloc(pf * sizeof(float));
-    CK(cudaMalloc((void **)&w->d_pos, (size_t)cap * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&w->d_seq, (size_t)cap * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&w->d_mask, (size_t)cap * cap));
-    CK(cudaMalloc((void **)&w->d_q, qn * sizeof(float)));
-    CK(cudaMalloc((void **)&w->d_kin, kn * sizeof(float)));
-    CK(cudaMalloc((void **)&w->d_vin, kn * sizeof(float)));
-    CK(cudaMalloc((void **)&w->d_out, qn * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_pos, (size_t)cap * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&w->d_seq, (size_t)cap * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&w->d_mask, (size_t)cap * cap));
+    KN_CK(cudaMalloc((void **)&w->d_q, qn * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_kin, kn * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_vin, kn * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_out, qn * sizeof(float)));
     w->scratch_bytes = kn_attn_scratch_bytes(128, sh.n_heads, w->max_len, sh.head_dim);
-    CK(cudaMalloc(&w->d_scratch, w->scratch_bytes));
+    KN_CK(cudaMalloc(&w->d_scratch, w->scratch_bytes));
     if (!w->hk || !w->hv || !w->q || !w->kin || !w->vin || !w->out_cpu || !w->out_gpu || !w->pool_copy) {
         fprintf(stderr, "out of host memory\n");
         exit(1);
@@ -217,32 +187,32 @@ static void run_step(world *w, int32_t T, const int32_t *seq_of, const int32_t *
     w->cpu->ops->kv_write(w->cpu->ctx, &ckv, &m, &kt, &vt);
     if (attend) w->cpu->ops->attention(w->cpu->ctx, &ckv, &m, &qt, w->sh.n_heads, scale, &ot);
 
-    CK(cudaMemcpy(w->d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_seq, seq_of, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_kin, w->kin, kn * sizeof(float), cudaMemcpyHostToDevice));
-    if (!w->sh.one_plane) CK(cudaMemcpy(w->d_vin, w->vin, kn * sizeof(float), cudaMemcpyHostToDevice));
-    if (mask) CK(cudaMemcpy(w->d_mask, mask, (size_t)T * T, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_seq, seq_of, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_kin, w->kin, kn * sizeof(float), cudaMemcpyHostToDevice));
+    if (!w->sh.one_plane) KN_CK(cudaMemcpy(w->d_vin, w->vin, kn * sizeof(float), cudaMemcpyHostToDevice));
+    if (mask) KN_CK(cudaMemcpy(w->d_mask, mask, (size_t)T * T, cudaMemcpyHostToDevice));
     kn_paged_kv gkv = gpu_kv(w);
     kn_attn_batch b = {T, w->d_pos, w->d_seq, w->d_bt, w->bt_stride, N_SEQS, mask ? w->d_mask : NULL, max_len};
-    CK(kn_kv_write(&gkv, &b, w->d_kin, w->sh.one_plane ? w->d_kin : w->d_vin, NULL));
+    KN_CK(kn_kv_write(&gkv, &b, w->d_kin, w->sh.one_plane ? w->d_kin : w->d_vin, NULL));
     if (attend) {
-        CK(cudaMemcpy(w->d_q, w->q, qn * sizeof(float), cudaMemcpyHostToDevice));
-        CK(cudaMemset(w->d_out, 0xff, qn * sizeof(float))); /* NaN: an unwritten output cannot pass */
-        CK(kn_attention(&gkv, &b, w->d_q, w->sh.n_heads, scale, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
-        CK(cudaMemcpy(w->out_gpu, w->d_out, qn * sizeof(float), cudaMemcpyDeviceToHost));
+        KN_CK(cudaMemcpy(w->d_q, w->q, qn * sizeof(float), cudaMemcpyHostToDevice));
+        KN_CK(cudaMemset(w->d_out, 0xff, qn * sizeof(float))); /* NaN: an unwritten output cannot pass */
+        KN_CK(kn_attention(&gkv, &b, w->d_q, w->sh.n_heads, scale, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
+        KN_CK(cudaMemcpy(w->out_gpu, w->d_out, qn * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    CK(cudaDeviceSynchronize());
+    KN_CK(cudaDeviceSynchronize());
 }
 
 /* GPU pools == CPU pools, bitwise. */
 static void check_pools(world *w, const char *what) {
     const size_t pf = pool_floats(w);
-    CK(cudaMemcpy(w->pool_copy, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
-    EXPECT(memcmp(w->pool_copy, w->hk, pf * sizeof(float)) == 0, "%s %s: K pool differs from the CPU's", w->sh.name,
+    KN_CK(cudaMemcpy(w->pool_copy, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_EXPECT(memcmp(w->pool_copy, w->hk, pf * sizeof(float)) == 0, "%s %s: K pool differs from the CPU's", w->sh.name,
            what);
     if (!w->sh.one_plane) {
-        CK(cudaMemcpy(w->pool_copy, w->dv, pf * sizeof(float), cudaMemcpyDeviceToHost));
-        EXPECT(memcmp(w->pool_copy, w->hv, pf * sizeof(float)) == 0, "%s %s: V pool differs from the CPU's",
+        KN_CK(cudaMemcpy(w->pool_copy, w->dv, pf * sizeof(float), cudaMemcpyDeviceToHost));
+        KN_EXPECT(memcmp(w->pool_copy, w->hv, pf * sizeof(float)) == 0, "%s %s: V pool differs from the CPU's",
                w->sh.name, what);
     }
 }
@@ -252,8 +222,8 @@ static double check_out(world *w, int32_t T, const char *what) {
     int finite = 1;
     for (size_t i = 0; i < qn; i++) finite &= isfinite(w->out_gpu[i]) != 0;
     double e = kn_nmse(w->out_gpu, w->out_cpu, qn);
-    EXPECT(finite, "%s %s: non-finite GPU output", w->sh.name, what);
-    EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->sh.name, what, e, NMSE_BOUND);
+    KN_EXPECT(finite, "%s %s: non-finite GPU output", w->sh.name, what);
+    KN_EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->sh.name, what, e, NMSE_BOUND);
     return e;
 }
 
@@ -264,7 +234,7 @@ static void test_fill(world *w) {
     for (int s = 0; s < N_SEQS; s++)
         for (int32_t p = 0; p < w->fill[s]; p++) seq_of[T] = s, pos[T] = p, T++;
     for (int32_t i = T - 1; i > 0; i--) {
-        int32_t j = (int32_t)(mix64(0xF111 + (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t j = (int32_t)(kn_mix64(0xF111 + (uint64_t)i) % (uint64_t)(i + 1));
         int32_t a = seq_of[i], b = pos[i];
         seq_of[i] = seq_of[j], pos[i] = pos[j], seq_of[j] = a, pos[j] = b;
     }
@@ -331,7 +301,7 @@ static void test_batches(world *w) {
             }
         }
     }
-    EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->sh.name, n_inv_bad, n_inv);
+    KN_EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->sh.name, n_inv_bad, n_inv);
     printf("%s: T in {1..128} mixed batches: worst NMSE %.3g (bound %.0e); %d of %d tokens bitwise batch invariant\n",
            w->sh.name, worst, NMSE_BOUND, n_inv - n_inv_bad, n_inv);
     free(batch_out);
@@ -354,16 +324,16 @@ static void test_tree(world *w) {
             if (seq_of[t] == seq_of[u]) {
                 for (int a = t; a >= 0; a = parent[a]) see |= a == u;
             } else {
-                see = (int)(mix64(0x7EE + (uint64_t)(t * T + u)) & 1);
+                see = (int)(kn_mix64(0x7EE + (uint64_t)(t * T + u)) & 1);
             }
             mask[t * T + u] = (uint8_t)see;
         }
     const size_t hrow = (size_t)w->sh.n_heads * w->sh.head_dim;
     for (int t = 0; t < T; t++) {
-        for (size_t i = 0; i < hrow; i++) w->q[t * hrow + i] = 2.0f * hval(11, (uint64_t)t, 0, i);
+        for (size_t i = 0; i < hrow; i++) w->q[t * hrow + i] = 2.0f * kn_hval(11, (uint64_t)t, 0, i);
         for (int32_t i = 0; i < w->row; i++) {
-            w->kin[(size_t)t * w->row + i] = hval(12, (uint64_t)t, 0, (uint64_t)i);
-            w->vin[(size_t)t * w->row + i] = hval(13, (uint64_t)t, 0, (uint64_t)i);
+            w->kin[(size_t)t * w->row + i] = kn_hval(12, (uint64_t)t, 0, (uint64_t)i);
+            w->vin[(size_t)t * w->row + i] = kn_hval(13, (uint64_t)t, 0, (uint64_t)i);
         }
     }
     run_step(w, T, seq_of, pos, mask, 1, w->max_len);
@@ -380,21 +350,21 @@ static void test_bad_seq(world *w) {
     for (int32_t i = 0; i < w->row; i++) w->kin[i] = w->vin[i] = 1234.0f;
     const size_t pf = pool_floats(w);
     float *before = malloc(pf * sizeof(float));
-    CK(cudaMemcpy(before, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(before, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
     kn_paged_kv gkv = gpu_kv(w);
-    CK(cudaMemcpy(w->d_pos, &pos, sizeof pos, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_seq, &seq_of, sizeof seq_of, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_kin, w->kin, (size_t)w->row * sizeof(float), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_q, w->q, hrow * sizeof(float), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_pos, &pos, sizeof pos, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_seq, &seq_of, sizeof seq_of, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_kin, w->kin, (size_t)w->row * sizeof(float), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_q, w->q, hrow * sizeof(float), cudaMemcpyHostToDevice));
     kn_attn_batch b = {1, w->d_pos, w->d_seq, w->d_bt, w->bt_stride, N_SEQS, NULL, w->max_len};
-    CK(kn_kv_write(&gkv, &b, w->d_kin, w->d_kin, NULL));
-    CK(kn_attention(&gkv, &b, w->d_q, w->sh.n_heads, 0.125f, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
-    CK(cudaMemcpy(w->out_gpu, w->d_out, hrow * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(w->pool_copy, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
-    EXPECT(memcmp(before, w->pool_copy, pf * sizeof(float)) == 0, "%s: bad seq_of wrote into the pool", w->sh.name);
+    KN_CK(kn_kv_write(&gkv, &b, w->d_kin, w->d_kin, NULL));
+    KN_CK(kn_attention(&gkv, &b, w->d_q, w->sh.n_heads, 0.125f, w->d_out, w->d_scratch, w->scratch_bytes, NULL));
+    KN_CK(cudaMemcpy(w->out_gpu, w->d_out, hrow * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(w->pool_copy, w->dk, pf * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_EXPECT(memcmp(before, w->pool_copy, pf * sizeof(float)) == 0, "%s: bad seq_of wrote into the pool", w->sh.name);
     int all_nan = 1;
     for (size_t i = 0; i < hrow; i++) all_nan &= isnan(w->out_gpu[i]) != 0;
-    EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->sh.name);
+    KN_EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->sh.name);
     free(before);
 }
 
@@ -405,27 +375,27 @@ static void test_refusals(void) {
     kn_paged_kv kv = {fake, fake, 16, 2, 64, 10};
     kn_attn_batch b = {4, ifake, ifake, ifake, 8, 2, NULL, 300};
     size_t need = kn_attn_scratch_bytes(4, 8, 300, 64);
-    EXPECT(need == ((size_t)4 * 8 * 2 * 66 * 4 + 255) / 256 * 256, "scratch bytes %zu", need);
+    KN_EXPECT(need == ((size_t)4 * 8 * 2 * 66 * 4 + 255) / 256 * 256, "scratch bytes %zu", need);
     const int inval = (int)cudaErrorInvalidValue;
-    EXPECT(kn_attention(&kv, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval, "small scratch accepted");
-    EXPECT(kn_attention(&kv, &b, fake, 7, 1.0f, fake, fake, need, NULL) == inval, "7 heads over 2 KV heads accepted");
+    KN_EXPECT(kn_attention(&kv, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval, "small scratch accepted");
+    KN_EXPECT(kn_attention(&kv, &b, fake, 7, 1.0f, fake, fake, need, NULL) == inval, "7 heads over 2 KV heads accepted");
     kn_paged_kv big = kv;
     big.head_dim = KN_ATTN_MAX_HEAD_DIM + 1;
-    EXPECT(kn_attention(&big, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "head_dim 577 accepted");
+    KN_EXPECT(kn_attention(&big, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "head_dim 577 accepted");
     kn_attn_batch nob = b;
     nob.block_tables = NULL;
-    EXPECT(kn_kv_write(&kv, &nob, fake, fake, NULL) == inval, "NULL block tables accepted");
+    KN_EXPECT(kn_kv_write(&kv, &nob, fake, fake, NULL) == inval, "NULL block tables accepted");
     kn_paged_kv bs0 = kv;
     bs0.block_size = 0;
-    EXPECT(kn_kv_write(&bs0, &b, fake, fake, NULL) == inval, "block_size 0 accepted");
+    KN_EXPECT(kn_kv_write(&bs0, &b, fake, fake, NULL) == inval, "block_size 0 accepted");
     kn_attn_batch empty = b;
     empty.n_tokens = 0;
-    EXPECT(kn_attention(&kv, &empty, fake, 8, 1.0f, fake, fake, 0, NULL) == 0, "T = 0 refused");
+    KN_EXPECT(kn_attention(&kv, &empty, fake, 8, 1.0f, fake, fake, 0, NULL) == 0, "T = 0 refused");
 }
 
 int main(void) {
     test_refusals();
-    if (g_fail) return 1;
+    if (kn_fails) return 1;
     kn_harness_require_gpu();
     const shape shapes[] = {
         {"smollm2 9/3 x 64", 9, 3, 64, 16, 0},
@@ -442,6 +412,6 @@ int main(void) {
         test_tree(&w); /* last: per-token K/V break the (seq, pos) -> values rule */
         world_destroy(&w);
     }
-    printf("%s\n", g_fail ? "FAILED" : "OK");
-    return g_fail ? 1 : 0;
+    printf("%s\n", kn_fails ? "FAILED" : "OK");
+    return kn_fails ? 1 : 0;
 }

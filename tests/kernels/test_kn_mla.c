@@ -56,43 +56,13 @@
 #include "kernels/kn_mla.h"
 #include "tests/kernels/kn_harness.h"
 
-#define CK(call)                                                                             \
-    do {                                                                                     \
-        int rc_ = (int)(call);                                                               \
-        if (rc_ != 0) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(rc_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 #define NMSE_BOUND 1e-8
 #define N_SEQS 5
 #define ROOM 130 /* positions past each context that batches may write */
 #define SCALE 0.144680f
 
-static int g_fail = 0;
-#define EXPECT(cond, ...)                               \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_fail++;                                   \
-        }                                               \
-    } while (0)
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* Uniform in [-1, 1) from (stream, a, b, c), 24 significant bits (so bf16 ties occur). */
-static float hval(uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t x = mix64(mix64(mix64(stream) ^ a) ^ b) ^ c;
-    x = mix64(x);
-    return (float)((double)(x >> 40) * 0x1.0p-24 * 2.0 - 1.0);
-}
 
 typedef struct shape {
     const char *name;
@@ -127,10 +97,10 @@ static size_t q_row(const world *w) { return (size_t)w->sh.n_heads * w->D; }
 static size_t o_row(const world *w) { return (size_t)w->sh.n_heads * w->sh.kvl; }
 
 static void gen_q(const world *w, int32_t seq, int32_t pos, float *q) {
-    for (size_t i = 0; i < q_row(w); i++) q[i] = 2.0f * hval(1, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
+    for (size_t i = 0; i < q_row(w); i++) q[i] = 2.0f * kn_hval(1, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
 }
 static void gen_lat(const world *w, int32_t seq, int32_t pos, float *lat) {
-    for (int32_t i = 0; i < w->D; i++) lat[i] = hval(2, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
+    for (int32_t i = 0; i < w->D; i++) lat[i] = kn_hval(2, (uint64_t)seq, (uint64_t)pos, (uint64_t)i);
 }
 
 static void world_create(world *w, shape sh, int mma, int small) {
@@ -155,7 +125,7 @@ static void world_create(world *w, shape sh, int mma, int small) {
     int32_t *perm = malloc((size_t)w->n_blocks * sizeof *perm);
     for (int32_t i = 0; i < w->n_blocks; i++) perm[i] = i;
     for (int32_t i = w->n_blocks - 1; i > 0; i--) { /* Fisher-Yates, hashed */
-        int32_t j = (int32_t)(mix64(0xB10C + (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t j = (int32_t)(kn_mix64(0xB10C + (uint64_t)i) % (uint64_t)(i + 1));
         int32_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
@@ -170,10 +140,10 @@ static void world_create(world *w, shape sh, int mma, int small) {
     const size_t pe = pool_elems(w);
     w->hlat = calloc(pe, sizeof(uint16_t));
     w->pool_copy = malloc(pe * sizeof(uint16_t));
-    CK(cudaMalloc((void **)&w->dlat, pe * sizeof(uint16_t)));
-    CK(cudaMemset(w->dlat, 0, pe * sizeof(uint16_t)));
-    CK(cudaMalloc((void **)&w->d_bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t)));
-    CK(cudaMemcpy(w->d_bt, w->bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMalloc((void **)&w->dlat, pe * sizeof(uint16_t)));
+    KN_CK(cudaMemset(w->dlat, 0, pe * sizeof(uint16_t)));
+    KN_CK(cudaMalloc((void **)&w->d_bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t)));
+    KN_CK(cudaMemcpy(w->d_bt, w->bt, (size_t)N_SEQS * w->bt_stride * sizeof(int32_t), cudaMemcpyHostToDevice));
     w->cpu = bk_cpu_create(0);
     if (!w->cpu) {
         fprintf(stderr, "bk_cpu_create failed\n");
@@ -187,14 +157,14 @@ static void world_create(world *w, shape sh, int mma, int small) {
     w->lat = malloc(ln * sizeof(float));
     w->out_cpu = malloc(qn * sizeof(float)); /* the CPU op's output is [T, n_heads, D] */
     w->out_gpu = malloc((size_t)cap * o_row(w) * sizeof(float));
-    CK(cudaMalloc((void **)&w->d_pos, (size_t)cap * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&w->d_seq, (size_t)cap * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&w->d_mask, 64 * 64));
-    CK(cudaMalloc((void **)&w->d_q, 128 * q_row(w) * sizeof(float)));
-    CK(cudaMalloc((void **)&w->d_lat, ln * sizeof(float)));
-    CK(cudaMalloc((void **)&w->d_out, 128 * o_row(w) * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_pos, (size_t)cap * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&w->d_seq, (size_t)cap * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&w->d_mask, 64 * 64));
+    KN_CK(cudaMalloc((void **)&w->d_q, 128 * q_row(w) * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_lat, ln * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&w->d_out, 128 * o_row(w) * sizeof(float)));
     w->scratch_bytes = kn_mla_scratch_bytes(128, sh.n_heads, w->max_len, sh.kvl);
-    CK(cudaMalloc(&w->d_scratch, w->scratch_bytes));
+    KN_CK(cudaMalloc(&w->d_scratch, w->scratch_bytes));
     if (!w->hlat || !w->pool_copy || !w->q || !w->lat || !w->out_cpu || !w->out_gpu) {
         fprintf(stderr, "out of host memory\n");
         exit(1);
@@ -235,30 +205,30 @@ static void run_step(world *w, int32_t T, const int32_t *seq_of, const int32_t *
         fprintf(stderr, "CPU attention failed\n");
         exit(1);
     }
-    CK(cudaMemcpy(w->d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_seq, seq_of, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_lat, w->lat, (size_t)T * w->D * sizeof(float), cudaMemcpyHostToDevice));
-    if (mask) CK(cudaMemcpy(w->d_mask, mask, (size_t)T * T, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_seq, seq_of, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_lat, w->lat, (size_t)T * w->D * sizeof(float), cudaMemcpyHostToDevice));
+    if (mask) KN_CK(cudaMemcpy(w->d_mask, mask, (size_t)T * T, cudaMemcpyHostToDevice));
     kn_mla_cache gc = gpu_cache(w);
     kn_attn_batch b = {T, w->d_pos, w->d_seq, w->d_bt, w->bt_stride, N_SEQS, mask ? w->d_mask : NULL, max_len};
-    CK(kn_mla_latent_write(&gc, &b, w->d_lat, NULL));
+    KN_CK(kn_mla_latent_write(&gc, &b, w->d_lat, NULL));
     if (attend) {
-        CK(cudaMemcpy(w->d_q, w->q, (size_t)T * q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
-        CK(cudaMemset(w->d_out, 0xff, (size_t)T * o_row(w) * sizeof(float))); /* NaN: unwritten cannot pass */
-        CK(attend_gpu(w, &gc, &b));
-        CK(cudaMemcpy(w->out_gpu, w->d_out, (size_t)T * o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
+        KN_CK(cudaMemcpy(w->d_q, w->q, (size_t)T * q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
+        KN_CK(cudaMemset(w->d_out, 0xff, (size_t)T * o_row(w) * sizeof(float))); /* NaN: unwritten cannot pass */
+        KN_CK(attend_gpu(w, &gc, &b));
+        KN_CK(cudaMemcpy(w->out_gpu, w->d_out, (size_t)T * o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    CK(cudaDeviceSynchronize());
+    KN_CK(cudaDeviceSynchronize());
 }
 
 /* GPU pool == CPU pool, bitwise; returns the number of differing values. */
 static size_t check_pool(world *w, const char *what) {
     const size_t pe = pool_elems(w);
-    CK(cudaMemcpy(w->pool_copy, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(w->pool_copy, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < pe; i++)
         if (w->pool_copy[i] != w->hlat[i] && bad++ == 0) first = i;
-    EXPECT(bad == 0, "%s %s: %zu bf16 cache values differ from the CPU's (first at %zu: %04x vs %04x)", w->name,
+    KN_EXPECT(bad == 0, "%s %s: %zu bf16 cache values differ from the CPU's (first at %zu: %04x vs %04x)", w->name,
            what, bad, first, w->pool_copy[first], w->hlat[first]);
     return bad;
 }
@@ -277,8 +247,8 @@ static double check_out(world *w, int32_t T, const char *what) {
                 den += r * r;
             }
     const double e = den > 0 ? num / den : num;
-    EXPECT(finite, "%s %s: non-finite GPU output", w->name, what);
-    EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->name, what, e, NMSE_BOUND);
+    KN_EXPECT(finite, "%s %s: non-finite GPU output", w->name, what);
+    KN_EXPECT(e < NMSE_BOUND, "%s %s: NMSE %.3g >= %.0e", w->name, what, e, NMSE_BOUND);
     return e;
 }
 
@@ -289,7 +259,7 @@ static void test_fill(world *w) {
     for (int s = 0; s < N_SEQS; s++)
         for (int32_t p = 0; p < w->fill[s]; p++) seq_of[T] = s, pos[T] = p, T++;
     for (int32_t i = T - 1; i > 0; i--) {
-        int32_t j = (int32_t)(mix64(0xF111 + (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t j = (int32_t)(kn_mix64(0xF111 + (uint64_t)i) % (uint64_t)(i + 1));
         int32_t a = seq_of[i], b = pos[i];
         seq_of[i] = seq_of[j], pos[i] = pos[j], seq_of[j] = a, pos[j] = b;
     }
@@ -366,7 +336,7 @@ static void test_batches(world *w) {
             }
         }
     }
-    EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->name, n_inv_bad, n_inv);
+    KN_EXPECT(n_inv_bad == 0, "%s: %d of %d tokens not batch invariant", w->name, n_inv_bad, n_inv);
     printf("%s: T in {1, 2, 4, 5, 8, 33, 128} mixed batches: worst NMSE %.3g (bound %.0e); %d of %d tokens "
            "bitwise identical alone\n",
            w->name, worst, NMSE_BOUND, n_inv - n_inv_bad, n_inv);
@@ -389,13 +359,13 @@ static void test_tree(world *w) {
             if (seq_of[t] == seq_of[u]) {
                 for (int a = t; a >= 0; a = parent[a]) see |= a == u;
             } else {
-                see = (int)(mix64(0x7EE + (uint64_t)(t * T + u)) & 1);
+                see = (int)(kn_mix64(0x7EE + (uint64_t)(t * T + u)) & 1);
             }
             mask[t * T + u] = (uint8_t)see;
         }
     for (int t = 0; t < T; t++) {
-        for (size_t i = 0; i < q_row(w); i++) w->q[t * q_row(w) + i] = 2.0f * hval(11, (uint64_t)t, 0, i);
-        for (int32_t i = 0; i < w->D; i++) w->lat[(size_t)t * w->D + i] = hval(12, (uint64_t)t, 0, (uint64_t)i);
+        for (size_t i = 0; i < q_row(w); i++) w->q[t * q_row(w) + i] = 2.0f * kn_hval(11, (uint64_t)t, 0, i);
+        for (int32_t i = 0; i < w->D; i++) w->lat[(size_t)t * w->D + i] = kn_hval(12, (uint64_t)t, 0, (uint64_t)i);
     }
     run_step(w, T, seq_of, pos, mask, 1, w->max_len);
     check_pool(w, "tree");
@@ -422,14 +392,14 @@ static void test_specials(world *w) {
     const int32_t b = w->bt_rows[4][p / w->sh.block_size];
     const size_t off = ((size_t)b * w->sh.block_size + (size_t)(p % w->sh.block_size)) * w->D;
     int bad = 0;
-    CK(cudaMemcpy(w->pool_copy, w->dlat + off, (size_t)w->D * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(w->pool_copy, w->dlat + off, (size_t)w->D * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     for (int32_t i = 0; i < w->D; i++) {
         const uint16_t want = bk_f32_to_bf16(w->lat[i]);
         if (w->pool_copy[i] != want && bad++ < 3)
             printf("FAIL %s: f32 %08x -> bf16 %04x, bk_f32_to_bf16 %04x\n", w->name, sp[i % n_sp],
                    w->pool_copy[i], want);
     }
-    EXPECT(bad == 0, "%s: %d special values rounded differently", w->name, bad);
+    KN_EXPECT(bad == 0, "%s: %d special values rounded differently", w->name, bad);
 }
 
 /* A token whose sequence index is out of range: nothing written, NaN out. */
@@ -439,22 +409,22 @@ static void test_bad_seq(world *w) {
     for (int32_t i = 0; i < w->D; i++) w->lat[i] = 1234.0f;
     const size_t pe = pool_elems(w);
     uint16_t *before = malloc(pe * sizeof(uint16_t));
-    CK(cudaMemcpy(before, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(before, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     kn_mla_cache gc = gpu_cache(w);
-    CK(cudaMemcpy(w->d_pos, &pos, sizeof pos, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_seq, &seq_of, sizeof seq_of, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_lat, w->lat, (size_t)w->D * sizeof(float), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(w->d_q, w->q, q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_pos, &pos, sizeof pos, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_seq, &seq_of, sizeof seq_of, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_lat, w->lat, (size_t)w->D * sizeof(float), cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(w->d_q, w->q, q_row(w) * sizeof(float), cudaMemcpyHostToDevice));
     kn_attn_batch b = {1, w->d_pos, w->d_seq, w->d_bt, w->bt_stride, N_SEQS, NULL, w->max_len};
-    CK(kn_mla_latent_write(&gc, &b, w->d_lat, NULL));
-    CK(attend_gpu(w, &gc, &b));
-    CK(cudaMemcpy(w->out_gpu, w->d_out, o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(w->pool_copy, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    EXPECT(memcmp(before, w->pool_copy, pe * sizeof(uint16_t)) == 0, "%s: bad seq_of wrote into the pool",
+    KN_CK(kn_mla_latent_write(&gc, &b, w->d_lat, NULL));
+    KN_CK(attend_gpu(w, &gc, &b));
+    KN_CK(cudaMemcpy(w->out_gpu, w->d_out, o_row(w) * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(w->pool_copy, w->dlat, pe * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    KN_EXPECT(memcmp(before, w->pool_copy, pe * sizeof(uint16_t)) == 0, "%s: bad seq_of wrote into the pool",
            w->name);
     int all_nan = 1;
     for (size_t i = 0; i < o_row(w); i++) all_nan &= isnan(w->out_gpu[i]) != 0;
-    EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->name);
+    KN_EXPECT(all_nan, "%s: bad seq_of did not give NaN", w->name);
     free(before);
 }
 
@@ -466,42 +436,42 @@ static void test_refusals(void) {
     kn_mla_cache c = {fake16, 64, 512, 64, 10};
     kn_attn_batch b = {4, ifake, ifake, ifake, 8, 2, NULL, 300};
     const size_t need = kn_mla_scratch_bytes(4, 8, 300, 512);
-    EXPECT(need == ((size_t)4 * 8 * 5 * 514 * 4 + 255) / 256 * 256, "scratch bytes %zu", need);
-    EXPECT(kn_mla_scratch_bytes(0, 8, 300, 512) == 0, "scratch for T = 0");
+    KN_EXPECT(need == ((size_t)4 * 8 * 5 * 514 * 4 + 255) / 256 * 256, "scratch bytes %zu", need);
+    KN_EXPECT(kn_mla_scratch_bytes(0, 8, 300, 512) == 0, "scratch for T = 0");
     const int inval = (int)cudaErrorInvalidValue;
-    EXPECT(kn_mla_attention(&c, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval, "small scratch accepted");
-    EXPECT(kn_mla_attention(&c, &b, fake, 0, 1.0f, fake, fake, need, NULL) == inval, "0 heads accepted");
+    KN_EXPECT(kn_mla_attention(&c, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval, "small scratch accepted");
+    KN_EXPECT(kn_mla_attention(&c, &b, fake, 0, 1.0f, fake, fake, need, NULL) == inval, "0 heads accepted");
     kn_mla_cache wide = c;
     wide.rope_dim = 66; /* 578 > KN_MLA_MAX_LATENT */
-    EXPECT(kn_mla_attention(&wide, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "D 578 accepted");
+    KN_EXPECT(kn_mla_attention(&wide, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "D 578 accepted");
     kn_mla_cache big = c;
     big.kv_lora_rank = 514, big.rope_dim = 0;
-    EXPECT(kn_mla_attention(&big, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "kvl 514 accepted");
+    KN_EXPECT(kn_mla_attention(&big, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval, "kvl 514 accepted");
     kn_mla_cache odd = c;
     odd.rope_dim = 63;
-    EXPECT(kn_mla_latent_write(&odd, &b, fake, NULL) == inval, "odd rope dim accepted");
+    KN_EXPECT(kn_mla_latent_write(&odd, &b, fake, NULL) == inval, "odd rope dim accepted");
     kn_mla_cache mis = c;
     mis.lat = (uint16_t *)(uintptr_t)0x1002;
-    EXPECT(kn_mla_latent_write(&mis, &b, fake, NULL) == inval, "misaligned cache accepted");
+    KN_EXPECT(kn_mla_latent_write(&mis, &b, fake, NULL) == inval, "misaligned cache accepted");
     kn_attn_batch nob = b;
     nob.block_tables = NULL;
-    EXPECT(kn_mla_latent_write(&c, &nob, fake, NULL) == inval, "NULL block tables accepted");
+    KN_EXPECT(kn_mla_latent_write(&c, &nob, fake, NULL) == inval, "NULL block tables accepted");
     kn_mla_cache bs0 = c;
     bs0.block_size = 0;
-    EXPECT(kn_mla_latent_write(&bs0, &b, fake, NULL) == inval, "block_size 0 accepted");
-    EXPECT(kn_mla_latent_write(&c, &b, NULL, NULL) == inval, "NULL latent rows accepted");
+    KN_EXPECT(kn_mla_latent_write(&bs0, &b, fake, NULL) == inval, "block_size 0 accepted");
+    KN_EXPECT(kn_mla_latent_write(&c, &b, NULL, NULL) == inval, "NULL latent rows accepted");
     kn_attn_batch empty = b;
     empty.n_tokens = 0;
-    EXPECT(kn_mla_attention(&c, &empty, fake, 8, 1.0f, fake, fake, 0, NULL) == 0, "T = 0 refused");
-    EXPECT(kn_mla_attention_mma(&c, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval,
+    KN_EXPECT(kn_mla_attention(&c, &empty, fake, 8, 1.0f, fake, fake, 0, NULL) == 0, "T = 0 refused");
+    KN_EXPECT(kn_mla_attention_mma(&c, &b, fake, 8, 1.0f, fake, fake, need - 1, NULL) == inval,
            "mma: small scratch accepted");
-    EXPECT(kn_mla_attention_mma(&wide, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval,
+    KN_EXPECT(kn_mla_attention_mma(&wide, &b, fake, 8, 1.0f, fake, fake, (size_t)1 << 30, NULL) == inval,
            "mma: D 578 accepted");
 }
 
 int main(void) {
     test_refusals();
-    if (g_fail) return 1;
+    if (kn_fails) return 1;
     kn_harness_require_gpu();
     const char *sm = getenv("KN_MLA_TEST_SMALL");
     const int small = sm && *sm && strcmp(sm, "0") != 0;
@@ -521,6 +491,6 @@ int main(void) {
         test_specials(&w);
         world_destroy(&w);
     }
-    printf("%s\n", g_fail ? "FAILED" : "OK");
-    return g_fail ? 1 : 0;
+    printf("%s\n", kn_fails ? "FAILED" : "OK");
+    return kn_fails ? 1 : 0;
 }

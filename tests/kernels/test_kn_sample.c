@@ -46,41 +46,17 @@
 #include "tests/kernels/kn_harness.h"
 #include "tests/stats_chi2.h"
 
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        int rc_ = (int)(call);                                                                        \
-        if (rc_ != 0) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(rc_));          \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
-static int g_fail = 0;
-#define EXPECT(cond, ...)                               \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            g_fail++;                                   \
-        }                                               \
-    } while (0)
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 static uint64_t g_rng = 12345;
-static uint64_t rnd(void) { return g_rng = mix64(g_rng); }
+static uint64_t rnd(void) { return g_rng = kn_mix64(g_rng); }
 static double rnd_u(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
 static int32_t rnd_int(int32_t n) { return (int32_t)(rnd() % (uint64_t)n); }
 
 static void *dmalloc_copy(const void *h, size_t bytes) {
     void *d = NULL;
-    CK(cudaMalloc(&d, bytes ? bytes : 1));
-    if (h && bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    KN_CK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (h && bytes) KN_CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -140,7 +116,7 @@ static void test_philox_kat(void) {
     for (int i = 0; i < 3; i++) {
         uint32_t out[4];
         kn_philox4x32_10(kat[i], kat[i] + 4, out);
-        EXPECT(memcmp(out, kat[i] + 6, sizeof out) == 0, "philox KAT %d: %08x %08x %08x %08x", i, out[0], out[1],
+        KN_EXPECT(memcmp(out, kat[i] + 6, sizeof out) == 0, "philox KAT %d: %08x %08x %08x %08x", i, out[0], out[1],
                out[2], out[3]);
     }
     double lo = 1, hi = 0, mean = 0;
@@ -149,7 +125,7 @@ static void test_philox_kat(void) {
         lo = u < lo ? u : lo, hi = u > hi ? u : hi, mean += u;
     }
     mean /= 100000;
-    EXPECT(lo >= 0 && hi < 1 && fabs(mean - 0.5) < 0.005, "philox uniforms: min %g max %g mean %g", lo, hi, mean);
+    KN_EXPECT(lo >= 0 && hi < 1 && fabs(mean - 0.5) < 0.005, "philox uniforms: min %g max %g mean %g", lo, hi, mean);
 }
 
 /* ref_accept == sampler_accept given the same two uniforms. */
@@ -177,7 +153,7 @@ static void test_ref_accept_is_cpu(void) {
         int a2 = ref_accept(p, one_hot ? NULL : q, V, x, u, u2, tmp, &o2);
         agree += a1 == a2 && o1 == o2;
     }
-    EXPECT(agree == n, "ref_accept differs from sampler_accept on %d of %d rows", n - agree, n);
+    KN_EXPECT(agree == n, "ref_accept differs from sampler_accept on %d of %d rows", n - agree, n);
     sampler_work_destroy(w);
 }
 
@@ -185,15 +161,15 @@ static void test_refusals(void) {
     void *f = (void *)(uintptr_t)0x1000;
     const int inval = (int)cudaErrorInvalidValue;
     size_t need = kn_sample_scratch_bytes(3, 1000);
-    EXPECT(need == 3 * (((size_t)3 * 1000 * 4 + 255) / 256 * 256), "scratch bytes %zu", need);
-    EXPECT(kn_sample(f, f, f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
-    EXPECT(kn_sample(f, f, f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
-    EXPECT(kn_sample(f, f, f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
-    EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+    KN_EXPECT(need == 3 * (((size_t)3 * 1000 * 4 + 255) / 256 * 256), "scratch bytes %zu", need);
+    KN_EXPECT(kn_sample(f, f, f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
+    KN_EXPECT(kn_sample(f, f, f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
+    KN_EXPECT(kn_sample(f, f, f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
+    KN_EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
            "no p and no argmax rows");
-    EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+    KN_EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
            "no drafts with k_max 3");
-    EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
+    KN_EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
 }
 
 /* ------------------------------------------------------------ GPU tests */
@@ -214,9 +190,9 @@ static void test_philox_device(void) {
     int32_t *dp = dmalloc_copy(pos, sizeof pos);
     uint32_t *dd = dmalloc_copy(draw, sizeof draw);
     double *dout = dmalloc_copy(NULL, sizeof dev);
-    CK(kn_philox_uniforms(ds, dp, dd, N, dout, NULL));
-    CK(cudaMemcpy(dev, dout, sizeof dev, cudaMemcpyDeviceToHost));
-    EXPECT(memcmp(host, dev, sizeof dev) == 0, "device Philox differs from the host's");
+    KN_CK(kn_philox_uniforms(ds, dp, dd, N, dout, NULL));
+    KN_CK(cudaMemcpy(dev, dout, sizeof dev, cudaMemcpyDeviceToHost));
+    KN_EXPECT(memcmp(host, dev, sizeof dev) == 0, "device Philox differs from the host's");
     printf("philox: %d device uniforms == host, bitwise\n", N);
     cudaFree(ds), cudaFree(dp), cudaFree(dd), cudaFree(dout);
 }
@@ -304,9 +280,9 @@ static void test_sampler(int32_t V) {
     float *d_p = dmalloc_copy(NULL, (size_t)R * V * sizeof(float));
     size_t sb = kn_sample_scratch_bytes(R, V);
     void *d_scr = dmalloc_copy(NULL, sb);
-    CK(kn_sample(d_logits, d_prm, d_hist, d_supp, d_bi, d_bv, R, V, d_tok, d_p, d_scr, sb, NULL));
-    CK(cudaMemcpy(tok_gpu, d_tok, (size_t)R * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(p_gpu, d_p, (size_t)R * V * sizeof(float), cudaMemcpyDeviceToHost));
+    KN_CK(kn_sample(d_logits, d_prm, d_hist, d_supp, d_bi, d_bv, R, V, d_tok, d_p, d_scr, sb, NULL));
+    KN_CK(cudaMemcpy(tok_gpu, d_tok, (size_t)R * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(p_gpu, d_p, (size_t)R * V * sizeof(float), cudaMemcpyDeviceToHost));
 
     sampler_work *w = sampler_work_create(V);
     int tok_bad = 0, supp_bad = 0, inv_bad = 0;
@@ -345,17 +321,17 @@ static void test_sampler(int32_t V) {
             if (d > worst) worst = d;
         }
         /* the row alone */
-        CK(kn_sample(d_logits + (size_t)r * V, d_prm + r, d_hist, d_supp, d_bi, d_bv, 1, V, d_tok, d_p, d_scr, sb,
+        KN_CK(kn_sample(d_logits + (size_t)r * V, d_prm + r, d_hist, d_supp, d_bi, d_bv, 1, V, d_tok, d_p, d_scr, sb,
                      NULL));
         int32_t t1;
-        CK(cudaMemcpy(&t1, d_tok, sizeof t1, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(p_one, d_p, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
+        KN_CK(cudaMemcpy(&t1, d_tok, sizeof t1, cudaMemcpyDeviceToHost));
+        KN_CK(cudaMemcpy(p_one, d_p, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost));
         if (t1 != tok_gpu[r] || memcmp(p_one, pg, (size_t)V * sizeof(float)) != 0) inv_bad++;
     }
-    EXPECT(tok_bad == 0, "V=%d: %d of %d rows drew another token than the CPU sampler", V, tok_bad, R);
-    EXPECT(supp_bad == 0, "V=%d: %d ids kept / filtered differently from sampler_probs", V, supp_bad);
-    EXPECT(worst <= 1e-6, "V=%d: max |p_gpu - p_cpu| = %.3g > 1e-6", V, worst);
-    EXPECT(inv_bad == 0, "V=%d: %d rows differ alone vs in the batch", V, inv_bad);
+    KN_EXPECT(tok_bad == 0, "V=%d: %d of %d rows drew another token than the CPU sampler", V, tok_bad, R);
+    KN_EXPECT(supp_bad == 0, "V=%d: %d ids kept / filtered differently from sampler_probs", V, supp_bad);
+    KN_EXPECT(worst <= 1e-6, "V=%d: max |p_gpu - p_cpu| = %.3g > 1e-6", V, worst);
+    KN_EXPECT(inv_bad == 0, "V=%d: %d rows differ alone vs in the batch", V, inv_bad);
     printf("sampler V=%d: %d rows (%d parameter sets): %d token mismatches, %d support mismatches, max |dp| %.3g, "
            "%d rows alone != batch\n",
            V, R, n_var, tok_bad, supp_bad, worst, inv_bad);
@@ -416,9 +392,9 @@ static void verify_case_run(verify_case *c, int with_q) {
     int32_t *dpos = dmalloc_copy(c->pos0, (size_t)n * sizeof(int32_t));
     int32_t *dacc = dmalloc_copy(NULL, (size_t)n * sizeof(int32_t));
     int32_t *dout = dmalloc_copy(NULL, (size_t)n * (K + 1) * sizeof(int32_t));
-    CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, drow0, du, n, K, V, dacc, dout, NULL));
-    CK(cudaMemcpy(c->acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(c->out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KN_CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, drow0, du, n, K, V, dacc, dout, NULL));
+    KN_CK(cudaMemcpy(c->acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(c->out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
     cudaFree(dp), cudaFree(dq), cudaFree(dtt), cudaFree(dd), cudaFree(dnd), cudaFree(dg), cudaFree(ds);
     cudaFree(dpos), cudaFree(dacc), cudaFree(dout), cudaFree(drow0), cudaFree(du);
     if (c->u) free(pr), free(ttr), free(row0);
@@ -490,9 +466,9 @@ static void test_verify_exact(int with_q, int host_u) {
             printf("FAIL verify seq %d: GPU accepted %d (last token %d), reference %d (last token %d)\n", s, c.acc[s],
                    c.acc[s] >= 0 && c.acc[s] <= K ? c.out[s * (K + 1) + c.acc[s]] : -1, a, ref[a]);
     }
-    EXPECT(bad == 0, "kn_spec_verify (%s drafts%s): %d of %d sequences differ from the reference",
+    KN_EXPECT(bad == 0, "kn_spec_verify (%s drafts%s): %d of %d sequences differ from the reference",
            with_q ? "q" : "one-hot", host_u ? ", host uniforms" : "", bad, c.n);
-    EXPECT(n_acc > 0 && n_rej > 0, "verify case exercises nothing: %d accepted, %d rejections", n_acc, n_rej);
+    KN_EXPECT(n_acc > 0 && n_rej > 0, "verify case exercises nothing: %d accepted, %d rejections", n_acc, n_rej);
     printf("spec verify (%s drafts%s): %d sequences, %d differ from the reference (reference: %d drafts accepted, %d "
            "rejections)\n",
            with_q ? "sampled, q" : "one-hot", host_u ? ", host uniforms, rows reversed" : "", c.n, bad, n_acc, n_rej);
@@ -540,8 +516,8 @@ static void test_verify_distribution(int with_q) {
         df++;
     }
     double pv = chi2_sf(chi2, df);
-    EXPECT(bad == 0, "first emitted token: %d outside the support of p", bad);
-    EXPECT(pv > 1e-6, "first emitted token ~ p (%s drafts): chi2 %.2f, df %d, p-value %.3g < 1e-6",
+    KN_EXPECT(bad == 0, "first emitted token: %d outside the support of p", bad);
+    KN_EXPECT(pv > 1e-6, "first emitted token ~ p (%s drafts): chi2 %.2f, df %d, p-value %.3g < 1e-6",
            with_q ? "sampled" : "one-hot", chi2, df, pv);
     printf("spec verify distribution (%s drafts, %d sequences): chi2 %.2f df %d p-value %.3g\n",
            with_q ? "sampled" : "one-hot", n, chi2, df, pv);
@@ -552,7 +528,7 @@ int main(void) {
     test_philox_kat();
     test_ref_accept_is_cpu();
     test_refusals();
-    if (g_fail) {
+    if (kn_fails) {
         printf("FAILED (host checks)\n");
         return 1;
     }
@@ -567,6 +543,6 @@ int main(void) {
     test_verify_exact(0, 1);
     test_verify_distribution(1);
     test_verify_distribution(0);
-    printf("%s\n", g_fail ? "FAILED" : "OK");
-    return g_fail ? 1 : 0;
+    printf("%s\n", kn_fails ? "FAILED" : "OK");
+    return kn_fails ? 1 : 0;
 }
