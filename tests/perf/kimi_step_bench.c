@@ -59,21 +59,14 @@
 #include "kernels/kn_mla.h"
 #include "kernels/kn_moe.h"
 #include "tests/kernels/kn_harness.h"
+#include "tests/perf/kn_bench_util.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        int ck_rc_ = (int)(call);                                                               \
-        if (ck_rc_ != 0) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(ck_rc_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 /* a launcher call of the step (counted) */
 static long g_calls;
 #define LN(call)     \
     do {             \
         g_calls++;   \
-        CK(call);    \
+        KN_CK(call);    \
     } while (0)
 
 /* Kimi-K2.5 at TP 8, one rank */
@@ -101,7 +94,7 @@ static uint64_t lcg(void) { return g_s = g_s * 6364136223846793005ull + 14426950
 static size_t g_alloc;
 static void *dalloc(size_t n) {
     void *p;
-    CK(cudaMalloc(&p, n));
+    KN_CK(cudaMalloc(&p, n));
     g_alloc += n;
     return p;
 }
@@ -111,7 +104,7 @@ static void fill(void *dst, size_t bytes, const char *dpat, cudaStream_t st) {
     size_t off0 = (size_t)(lcg() >> 33) % (PAT / 2) & ~(size_t)15;
     for (size_t off = 0; off < bytes;) {
         size_t n = PAT - off0 < bytes - off ? PAT - off0 : bytes - off;
-        CK(cudaMemcpyAsync((char *)dst + off, dpat + off0, n, cudaMemcpyDeviceToDevice, st));
+        KN_CK(cudaMemcpyAsync((char *)dst + off, dpat + off0, n, cudaMemcpyDeviceToDevice, st));
         off += n, off0 = 0;
     }
 }
@@ -237,7 +230,7 @@ int main(int argc, char **argv) {
     }
     kn_harness_require_gpu();
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    KN_CK(cudaGetDeviceProperties(&prop, 0));
 
     /* the memory plan, checked before anything large is allocated */
     const int qmax = 4, max_len = ctx + qmax, nb_seq = (max_len + BS - 1) / BS, n_blocks = MMAX * nb_seq;
@@ -252,7 +245,7 @@ int main(int argc, char **argv) {
     const size_t scratch_bytes = kn_mla_scratch_bytes(MMAX, NH, max_len, KVL);
     const double need = wbytes + (double)kv_bytes + ws_bytes + scratch_bytes + 3.0 * PAT + ((size_t)2 << 30);
     size_t fr = 0, tot = 0;
-    CK(cudaMemGetInfo(&fr, &tot));
+    KN_CK(cudaMemGetInfo(&fr, &tot));
     if ((double)fr < need) {
         printf("REFUSED: one TP-8 rank of Kimi-K2.5 (%d layers) needs %.2f GB (weights %.2f GB, latent cache %.2f GB "
                "at %d x %d positions, workspaces + 2 GiB margin); %s has %.2f GB free of %.2f GB\n",
@@ -260,27 +253,13 @@ int main(int argc, char **argv) {
         return 3;
     }
     cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    KN_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    KN_CK(cudaEventCreate(&e0));
+    KN_CK(cudaEventCreate(&e1));
 
-    /* copy bandwidth (read + write), as kn_moe_bench */
-    const size_t cbytes = (size_t)1 << 30;
-    void *ca, *cb;
-    CK(cudaMalloc(&ca, cbytes));
-    CK(cudaMalloc(&cb, cbytes));
-    CK(cudaMemsetAsync(ca, 1, cbytes, st));
-    CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < 10; i++) CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbps = 2.0 * (double)cbytes * 10 / (ms * 1e-3) / 1e9;
-    CK(cudaFree(ca));
-    CK(cudaFree(cb));
+    /* copy bandwidth (read + write), the reference for every fraction below */
+    const double copy_gbps = kn_bench_copy_gbps(st, 10);
 
     /* the seeded patterns (the only host data the weights come from) */
     uint32_t *hw = malloc(PAT);
@@ -293,9 +272,9 @@ int main(int argc, char **argv) {
         hs[i] = (uint16_t)(((uint64_t)(119 + (s >> 44) % 2) << 7) | ((s >> 24) & 0x7f));
     }
     char *pw = dalloc(PAT), *pb = dalloc(PAT), *ps = dalloc(PAT);
-    CK(cudaMemcpy(pw, hw, PAT, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pb, hb, PAT, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ps, hs, PAT, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(pw, hw, PAT, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(pb, hb, PAT, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(ps, hs, PAT, cudaMemcpyHostToDevice));
     free(hw), free(hb), free(hs);
 
     model_w *M = calloc(1, sizeof *M);
@@ -316,7 +295,7 @@ int main(int argc, char **argv) {
         Y->router = bf16w(E, H, pb, st);
         for (int e = 0; e < E; e++) hbias[e] = (float)((double)(lcg() >> 11) * 0x1.0p-53 * 0.02 - 0.01);
         Y->bias = dalloc(sizeof(float) * E);
-        CK(cudaMemcpy(Y->bias, hbias, sizeof(float) * E, cudaMemcpyHostToDevice));
+        KN_CK(cudaMemcpy(Y->bias, hbias, sizeof(float) * E, cudaMemcpyHostToDevice));
         const size_t b13 = kn_moe_w13_words(E, H, I_TP) * 4, bs13 = kn_moe_s13_count(E, H, I_TP) * 2;
         const size_t b2 = kn_moe_w2_words(E, H, I_TP) * 4, bs2 = kn_moe_s2_count(E, H, I_TP) * 2;
         void *w13 = dalloc(b13), *s13 = dalloc(bs13), *w2 = dalloc(b2), *s2 = dalloc(bs2);
@@ -324,11 +303,11 @@ int main(int argc, char **argv) {
         Y->ex = (kn_moe_weights){E, H, I_TP, w13, s13, w2, s2};
     }
     free(hbias);
-    CK(cudaFree(pw));
-    CK(cudaFree(pb));
-    CK(cudaFree(ps));
+    KN_CK(cudaFree(pw));
+    KN_CK(cudaFree(pb));
+    KN_CK(cudaFree(ps));
     uint16_t *cache = dalloc(kv_bytes);
-    CK(cudaMemsetAsync(cache, 0x3c, kv_bytes, st)); /* bf16 0x3c3c = 0.0115 */
+    KN_CK(cudaMemsetAsync(cache, 0x3c, kv_bytes, st)); /* bf16 0x3c3c = 0.0115 */
 
     acts a = {0};
     const size_t T = MMAX;
@@ -343,9 +322,9 @@ int main(int argc, char **argv) {
     a.scratch_bytes = scratch_bytes, a.scratch = dalloc(scratch_bytes);
     float hf[H];
     for (int i = 0; i < H; i++) hf[i] = 1.0f;
-    CK(cudaMemcpy(a.ones, hf, sizeof hf, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(a.ones, hf, sizeof hf, cudaMemcpyHostToDevice));
     for (int i = 0; i < R / 2; i++) hf[i] = (float)pow(50000.0, -2.0 * i / R);
-    CK(cudaMemcpy(a.invf, hf, sizeof(float) * R / 2, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(a.invf, hf, sizeof(float) * R / 2, cudaMemcpyHostToDevice));
 
     /* metadata: sequences' blocks interleaved over the pool */
     int32_t *bt = malloc(sizeof(int32_t) * (size_t)MMAX * nb_seq), pos[MMAX], seq[MMAX], tok[MMAX];
@@ -353,9 +332,9 @@ int main(int argc, char **argv) {
     for (int s = 0; s < MMAX; s++)
         for (int j = 0; j < nb_seq; j++) bt[s * nb_seq + j] = j * MMAX + s;
     int32_t *d_bt = dalloc(sizeof(int32_t) * (size_t)MMAX * nb_seq), *d_pos = dalloc(4 * T), *d_seq = dalloc(4 * T);
-    CK(cudaMemcpy(d_bt, bt, sizeof(int32_t) * (size_t)MMAX * nb_seq, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(d_bt, bt, sizeof(int32_t) * (size_t)MMAX * nb_seq, cudaMemcpyHostToDevice));
     free(bt);
-    CK(cudaStreamSynchronize(st));
+    KN_CK(cudaStreamSynchronize(st));
 
     printf("device: %s, %d SMs, L2 %d MiB; copy D2D (read + write) %.1f GB/s; allocated %.2f GB\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbps, g_alloc / 1e9);
@@ -374,25 +353,25 @@ int main(int argc, char **argv) {
         const int B = cases[ci].batch, q = cases[ci].qlen, Tn = B * q;
         for (int s = 0; s < B; s++)
             for (int j = 0; j < q; j++) seq[s * q + j] = s, pos[s * q + j] = ctx + j;
-        CK(cudaMemcpyAsync(d_pos, pos, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
-        CK(cudaMemcpyAsync(d_seq, seq, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
+        KN_CK(cudaMemcpyAsync(d_pos, pos, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
+        KN_CK(cudaMemcpyAsync(d_seq, seq, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
         const kn_attn_batch b = {Tn, d_pos, d_seq, d_bt, nb_seq, MMAX, NULL, ctx + q};
         double t_direct = 0, t_graph = 0, exbytes = 0, distinct = 0;
         long calls = 0;
         for (int it = -1; it < iters; it++) { /* direct launches; a fresh set of tokens every step */
             for (int i = 0; i < Tn; i++) tok[i] = (int32_t)((lcg() >> 33) % V_TP);
-            CK(cudaMemcpyAsync(a.tok, tok, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
+            KN_CK(cudaMemcpyAsync(a.tok, tok, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
             g_calls = 0;
-            CK(cudaEventRecord(e0, st));
+            KN_CK(cudaEventRecord(e0, st));
             step(M, &a, &b, cache, layer_elems, n_blocks, mma, st);
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
+            KN_CK(cudaEventRecord(e1, st));
+            KN_CK(cudaEventSynchronize(e1));
             calls = g_calls;
             if (it < 0) continue;
             float m = 0;
-            CK(cudaEventElapsedTime(&m, e0, e1));
+            KN_CK(cudaEventElapsedTime(&m, e0, e1));
             t_direct += m;
-            CK(cudaMemcpy(hids, a.ids, sizeof(int32_t) * (size_t)NL_ALL * MMAX * K, cudaMemcpyDeviceToHost));
+            KN_CK(cudaMemcpy(hids, a.ids, sizeof(int32_t) * (size_t)NL_ALL * MMAX * K, cudaMemcpyDeviceToHost));
             for (int l = 1; l < nl; l++) {
                 unsigned char seen[E] = {0};
                 int nd = 0;
@@ -407,25 +386,25 @@ int main(int argc, char **argv) {
         /* the whole step as one CUDA graph, replayed */
         cudaGraph_t gr;
         cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        KN_CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         step(M, &a, &b, cache, layer_elems, n_blocks, mma, st);
-        CK(cudaStreamEndCapture(st, &gr));
+        KN_CK(cudaStreamEndCapture(st, &gr));
         size_t nodes = 0;
-        CK(cudaGraphGetNodes(gr, NULL, &nodes));
-        CK(cudaGraphInstantiate(&ge, gr, 0));
-        CK(cudaGraphDestroy(gr));
+        KN_CK(cudaGraphGetNodes(gr, NULL, &nodes));
+        KN_CK(cudaGraphInstantiate(&ge, gr, 0));
+        KN_CK(cudaGraphDestroy(gr));
         for (int it = -1; it < iters; it++) {
             for (int i = 0; i < Tn; i++) tok[i] = (int32_t)((lcg() >> 33) % V_TP);
-            CK(cudaMemcpyAsync(a.tok, tok, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
+            KN_CK(cudaMemcpyAsync(a.tok, tok, sizeof(int32_t) * Tn, cudaMemcpyHostToDevice, st));
+            KN_CK(cudaEventRecord(e0, st));
+            KN_CK(cudaGraphLaunch(ge, st));
+            KN_CK(cudaEventRecord(e1, st));
+            KN_CK(cudaEventSynchronize(e1));
             float m = 0;
-            CK(cudaEventElapsedTime(&m, e0, e1));
+            KN_CK(cudaEventElapsedTime(&m, e0, e1));
             if (it >= 0) t_graph += m;
         }
-        CK(cudaGraphExecDestroy(ge));
+        KN_CK(cudaGraphExecDestroy(ge));
         const double us_d = t_direct / iters * 1e3, us_g = t_graph / iters * 1e3;
         const double wb = dense_bytes + (double)Tn * H * 2 + exbytes / iters;
         const double lb = (double)B * (ctx + q) * D * 2 * nl;

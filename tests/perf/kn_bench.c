@@ -23,15 +23,8 @@
 
 #include "kernels/kn_linear.h"
 #include "tests/kernels/kn_harness.h"
+#include "tests/perf/kn_bench_util.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        int ck_rc_ = (int)(call);                                                               \
-        if (ck_rc_ != 0) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(ck_rc_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 typedef struct layer {
     const char *name;
@@ -62,29 +55,15 @@ int main(int argc, char **argv) {
     if (iters < 1) iters = 1;
     kn_harness_require_gpu();
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    KN_CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
-    CK(cudaStreamCreate(&st));
+    KN_CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    KN_CK(cudaEventCreate(&e0));
+    KN_CK(cudaEventCreate(&e1));
 
-    /* copy bandwidth */
-    const size_t cbytes = (size_t)1 << 30;
-    void *ca, *cb;
-    CK(cudaMalloc(&ca, cbytes));
-    CK(cudaMalloc(&cb, cbytes));
-    CK(cudaMemsetAsync(ca, 1, cbytes, st));
-    CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < iters; i++) CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbps = 2.0 * (double)cbytes * iters / (ms * 1e-3) / 1e9;
-    CK(cudaFree(ca));
-    CK(cudaFree(cb));
+    /* copy bandwidth (read + write), the reference for every fraction below */
+    const double copy_gbps = kn_bench_copy_gbps(st, iters);
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     printf("copy D2D (read + write): %.1f GB/s\n", copy_gbps);
 
@@ -98,29 +77,29 @@ int main(int argc, char **argv) {
         pat[i] = (uint16_t)(((s >> 63) << 15) | ((uint64_t)(119 + (s >> 40) % 4) << 7) | ((s >> 20) & 0x7f));
     }
     void *dpat;
-    CK(cudaMalloc(&dpat, pat_n * 2));
-    CK(cudaMemcpy(dpat, pat, pat_n * 2, cudaMemcpyHostToDevice));
+    KN_CK(cudaMalloc(&dpat, pat_n * 2));
+    KN_CK(cudaMemcpy(dpat, pat, pat_n * 2, cudaMemcpyHostToDevice));
     free(pat);
     int64_t max_rows = 0, max_cols = 0;
     double set_bytes = 0;
     for (int l = 0; l < NL; l++) {
         const size_t bytes = (size_t)LAYERS[l].rows * LAYERS[l].cols * 2;
-        CK(cudaMalloc(&LAYERS[l].w, bytes));
+        KN_CK(cudaMalloc(&LAYERS[l].w, bytes));
         for (size_t off = 0; off < bytes; off += pat_n * 2)
-            CK(cudaMemcpyAsync((char *)LAYERS[l].w + off, dpat, bytes - off < pat_n * 2 ? bytes - off : pat_n * 2,
+            KN_CK(cudaMemcpyAsync((char *)LAYERS[l].w + off, dpat, bytes - off < pat_n * 2 ? bytes - off : pat_n * 2,
                                cudaMemcpyDeviceToDevice, st));
         if (LAYERS[l].rows > max_rows) max_rows = LAYERS[l].rows;
         if (LAYERS[l].cols > max_cols) max_cols = LAYERS[l].cols;
         set_bytes += (double)bytes;
     }
-    CK(cudaFree(dpat));
+    KN_CK(cudaFree(dpat));
     const int bmax = BATCHES[NB - 1];
     float *dx, *dy;
-    CK(cudaMalloc((void **)&dx, (size_t)bmax * max_cols * 4));
-    CK(cudaMalloc((void **)&dy, (size_t)bmax * max_rows * 4));
-    CK(cudaMemsetAsync(dx, 0, (size_t)bmax * max_cols * 4, st)); /* zeros: the speed does not depend on values */
+    KN_CK(cudaMalloc((void **)&dx, (size_t)bmax * max_cols * 4));
+    KN_CK(cudaMalloc((void **)&dy, (size_t)bmax * max_rows * 4));
+    KN_CK(cudaMemsetAsync(dx, 0, (size_t)bmax * max_cols * 4, st)); /* zeros: the speed does not depend on values */
     cudaEvent_t ev[NL + 1];
-    for (int l = 0; l <= NL; l++) CK(cudaEventCreate(&ev[l]));
+    for (int l = 0; l <= NL; l++) KN_CK(cudaEventCreate(&ev[l]));
 
     FILE *jf = json ? fopen(json, "w") : NULL;
     if (json && !jf) { fprintf(stderr, "cannot write %s\n", json); return 1; }
@@ -136,16 +115,16 @@ int main(int argc, char **argv) {
         const int T = BATCHES[b];
         double acc[NL] = {0};
         for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
-            CK(cudaEventRecord(ev[0], st));
+            KN_CK(cudaEventRecord(ev[0], st));
             for (int l = 0; l < NL; l++) {
                 const kn_weight w = {KN_W_BF16, LAYERS[l].rows, LAYERS[l].cols, LAYERS[l].w, (size_t)LAYERS[l].cols * 2};
-                CK(kn_matmul(&w, dx, T, dy, st));
-                CK(cudaEventRecord(ev[l + 1], st));
+                KN_CK(kn_matmul(&w, dx, T, dy, st));
+                KN_CK(cudaEventRecord(ev[l + 1], st));
             }
-            CK(cudaEventSynchronize(ev[NL]));
+            KN_CK(cudaEventSynchronize(ev[NL]));
             for (int l = 0; l < NL && it >= 0; l++) {
                 float m = 0;
-                CK(cudaEventElapsedTime(&m, ev[l], ev[l + 1]));
+                KN_CK(cudaEventElapsedTime(&m, ev[l], ev[l + 1]));
                 acc[l] += m;
             }
         }
@@ -172,8 +151,8 @@ int main(int argc, char **argv) {
         fprintf(jf, "]}\n");
         fclose(jf);
     }
-    for (int l = 0; l < NL; l++) CK(cudaFree(LAYERS[l].w));
-    CK(cudaFree(dx));
-    CK(cudaFree(dy));
+    for (int l = 0; l < NL; l++) KN_CK(cudaFree(LAYERS[l].w));
+    KN_CK(cudaFree(dx));
+    KN_CK(cudaFree(dy));
     return 0;
 }

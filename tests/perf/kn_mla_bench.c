@@ -28,15 +28,8 @@
 
 #include "kernels/kn_mla.h"
 #include "tests/kernels/kn_harness.h"
+#include "tests/perf/kn_bench_util.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        int ck_rc_ = (int)(call);                                                               \
-        if (ck_rc_ != 0) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(ck_rc_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 #define HEADS 8
 #define KVL 512
@@ -64,40 +57,26 @@ int main(int argc, char **argv) {
     if (iters < 1) iters = 1;
     kn_harness_require_gpu();
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    KN_CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
-    CK(cudaStreamCreate(&st));
+    KN_CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    KN_CK(cudaEventCreate(&e0));
+    KN_CK(cudaEventCreate(&e1));
 
-    /* copy bandwidth (read + write), the reference for "frac" */
-    const size_t cbytes = (size_t)1 << 30;
-    void *ca, *cb;
-    CK(cudaMalloc(&ca, cbytes));
-    CK(cudaMalloc(&cb, cbytes));
-    CK(cudaMemsetAsync(ca, 1, cbytes, st));
-    CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < 5; i++) CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbps = 2.0 * (double)cbytes * 5 / (ms * 1e-3) / 1e9;
-    CK(cudaFree(ca));
-    CK(cudaFree(cb));
+    /* copy bandwidth (read + write), the reference for every fraction below */
+    const double copy_gbps = kn_bench_copy_gbps(st, 5);
     const size_t flush_bytes = (size_t)256 << 20;
     void *flush;
-    CK(cudaMalloc(&flush, flush_bytes));
+    KN_CK(cudaMalloc(&flush, flush_bytes));
 
     /* the largest case sizes every buffer: 32 sequences x (32K + 4) positions */
     const int bmax = BATCHES[N_ARR(BATCHES) - 1], cmax = CTXS[N_ARR(CTXS) - 1], qmax = QLENS[N_ARR(QLENS) - 1];
     const int max_len = cmax + qmax, nb_seq = (max_len + BS - 1) / BS;
     const int n_blocks = bmax * nb_seq, tmax = bmax * qmax;
     uint16_t *lat;
-    CK(cudaMalloc((void **)&lat, (size_t)n_blocks * BS * ROW_BYTES));
-    CK(cudaMemsetAsync(lat, 0x3c, (size_t)n_blocks * BS * ROW_BYTES, st)); /* bf16 0x3c3c = 0.0115 */
+    KN_CK(cudaMalloc((void **)&lat, (size_t)n_blocks * BS * ROW_BYTES));
+    KN_CK(cudaMemsetAsync(lat, 0x3c, (size_t)n_blocks * BS * ROW_BYTES, st)); /* bf16 0x3c3c = 0.0115 */
     int32_t *bt = malloc((size_t)bmax * nb_seq * sizeof *bt);
     int32_t *pos = malloc((size_t)tmax * sizeof *pos), *seq = malloc((size_t)tmax * sizeof *seq);
     if (!bt || !pos || !seq) { fprintf(stderr, "out of memory\n"); return 1; }
@@ -105,16 +84,16 @@ int main(int argc, char **argv) {
         for (int j = 0; j < nb_seq; j++) bt[s * nb_seq + j] = j * bmax + s;
     int32_t *d_bt, *d_pos, *d_seq;
     float *d_q, *d_out;
-    CK(cudaMalloc((void **)&d_bt, (size_t)bmax * nb_seq * sizeof(int32_t)));
-    CK(cudaMemcpy(d_bt, bt, (size_t)bmax * nb_seq * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CK(cudaMalloc((void **)&d_pos, (size_t)tmax * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&d_seq, (size_t)tmax * sizeof(int32_t)));
-    CK(cudaMalloc((void **)&d_q, (size_t)tmax * HEADS * (KVL + ROPE) * sizeof(float)));
-    CK(cudaMemsetAsync(d_q, 0, (size_t)tmax * HEADS * (KVL + ROPE) * sizeof(float), st));
-    CK(cudaMalloc((void **)&d_out, (size_t)tmax * HEADS * KVL * sizeof(float)));
+    KN_CK(cudaMalloc((void **)&d_bt, (size_t)bmax * nb_seq * sizeof(int32_t)));
+    KN_CK(cudaMemcpy(d_bt, bt, (size_t)bmax * nb_seq * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KN_CK(cudaMalloc((void **)&d_pos, (size_t)tmax * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&d_seq, (size_t)tmax * sizeof(int32_t)));
+    KN_CK(cudaMalloc((void **)&d_q, (size_t)tmax * HEADS * (KVL + ROPE) * sizeof(float)));
+    KN_CK(cudaMemsetAsync(d_q, 0, (size_t)tmax * HEADS * (KVL + ROPE) * sizeof(float), st));
+    KN_CK(cudaMalloc((void **)&d_out, (size_t)tmax * HEADS * KVL * sizeof(float)));
     const size_t scratch_bytes = kn_mla_scratch_bytes(tmax, HEADS, max_len, KVL);
     void *scratch;
-    CK(cudaMalloc(&scratch, scratch_bytes));
+    KN_CK(cudaMalloc(&scratch, scratch_bytes));
     const kn_mla_cache cache = {lat, BS, KVL, ROPE, n_blocks};
 
     FILE *jf = json ? fopen(json, "w") : NULL;
@@ -134,19 +113,19 @@ int main(int argc, char **argv) {
                     const int q = QLENS[qi], ctx = CTXS[ci], B = BATCHES[bi], T = B * q;
                     for (int s = 0; s < B; s++)
                         for (int j = 0; j < q; j++) seq[s * q + j] = s, pos[s * q + j] = ctx + j;
-                    CK(cudaMemcpyAsync(d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-                    CK(cudaMemcpyAsync(d_seq, seq, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+                    KN_CK(cudaMemcpyAsync(d_pos, pos, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+                    KN_CK(cudaMemcpyAsync(d_seq, seq, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, st));
                     const kn_attn_batch b = {T, d_pos, d_seq, d_bt, nb_seq, bmax, NULL, ctx + q};
                     double acc = 0;
                     for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
-                        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
-                        CK(cudaEventRecord(e0, st));
-                        CK((mma ? kn_mla_attention_mma : kn_mla_attention)(&cache, &b, d_q, HEADS, SCALE, d_out,
+                        KN_CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
+                        KN_CK(cudaEventRecord(e0, st));
+                        KN_CK((mma ? kn_mla_attention_mma : kn_mla_attention)(&cache, &b, d_q, HEADS, SCALE, d_out,
                                                                             scratch, scratch_bytes, st));
-                        CK(cudaEventRecord(e1, st));
-                        CK(cudaEventSynchronize(e1));
+                        KN_CK(cudaEventRecord(e1, st));
+                        KN_CK(cudaEventSynchronize(e1));
                         float m = 0;
-                        CK(cudaEventElapsedTime(&m, e0, e1));
+                        KN_CK(cudaEventElapsedTime(&m, e0, e1));
                         if (it >= 0) acc += m;
                     }
                     const double us = acc / iters * 1e3;
@@ -163,14 +142,14 @@ int main(int argc, char **argv) {
                 }
     }
     if (jf) fclose(jf);
-    CK(cudaFree(lat));
-    CK(cudaFree(d_bt));
-    CK(cudaFree(d_pos));
-    CK(cudaFree(d_seq));
-    CK(cudaFree(d_q));
-    CK(cudaFree(d_out));
-    CK(cudaFree(scratch));
-    CK(cudaFree(flush));
+    KN_CK(cudaFree(lat));
+    KN_CK(cudaFree(d_bt));
+    KN_CK(cudaFree(d_pos));
+    KN_CK(cudaFree(d_seq));
+    KN_CK(cudaFree(d_q));
+    KN_CK(cudaFree(d_out));
+    KN_CK(cudaFree(scratch));
+    KN_CK(cudaFree(flush));
     free(bt), free(pos), free(seq);
     return 0;
 }

@@ -36,15 +36,8 @@
 #include "kernels/kn_linear.h"
 #include "kernels/kn_moe.h"
 #include "tests/kernels/kn_harness.h"
+#include "tests/perf/kn_bench_util.h"
 
-#define CK(call)                                                                                \
-    do {                                                                                        \
-        int ck_rc_ = (int)(call);                                                               \
-        if (ck_rc_ != 0) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kn_strerror(ck_rc_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 enum { H = 7168, I_TP = 256, E = 384, K = 8, IS_TP = 256, NL = 4, MMAX = 32 };
 static const int MS[] = {1, 4, 16, 32};
@@ -63,12 +56,12 @@ static uint64_t lcg(void) { return g_s = g_s * 6364136223846793005ull + 14426950
 /* dst[bytes] = the pattern dpat[pat_bytes] repeated */
 static void fill(void *dst, size_t bytes, const void *dpat, size_t pat_bytes, cudaStream_t st) {
     for (size_t off = 0; off < bytes; off += pat_bytes)
-        CK(cudaMemcpyAsync((char *)dst + off, dpat, bytes - off < pat_bytes ? bytes - off : pat_bytes,
+        KN_CK(cudaMemcpyAsync((char *)dst + off, dpat, bytes - off < pat_bytes ? bytes - off : pat_bytes,
                            cudaMemcpyDeviceToDevice, st));
 }
 static void *dalloc(size_t n) {
     void *p;
-    CK(cudaMalloc(&p, n));
+    KN_CK(cudaMalloc(&p, n));
     return p;
 }
 
@@ -79,13 +72,13 @@ static void step(const moe_layer *L, const float *dx, int M, float *logits, int3
     const kn_weight sg = {KN_W_BF16, IS_TP, H, L->sg, (size_t)H * 2}, su = {KN_W_BF16, IS_TP, H, L->su, (size_t)H * 2};
     const kn_weight sd = {KN_W_BF16, H, IS_TP, L->sd, (size_t)IS_TP * 2};
     const kn_moe_route_cfg cfg = {E, K, 1, 1, 1, 2.827f};
-    CK(kn_matmul(&r, dx, M, logits, st));
-    CK(kn_moe_route(logits, L->bias, M, &cfg, ids, w, st));
-    CK(kn_matmul(&sg, dx, M, g, st));
-    CK(kn_matmul(&su, dx, M, u, st));
-    CK(kn_silu_mul(g, u, (int64_t)M * IS_TP, g, st));
-    CK(kn_matmul(&sd, g, M, shared, st));
-    CK(kn_moe_experts(&L->w, dx, ids, w, M, K, shared, ws, ws_bytes, y, NULL, st));
+    KN_CK(kn_matmul(&r, dx, M, logits, st));
+    KN_CK(kn_moe_route(logits, L->bias, M, &cfg, ids, w, st));
+    KN_CK(kn_matmul(&sg, dx, M, g, st));
+    KN_CK(kn_matmul(&su, dx, M, u, st));
+    KN_CK(kn_silu_mul(g, u, (int64_t)M * IS_TP, g, st));
+    KN_CK(kn_matmul(&sd, g, M, shared, st));
+    KN_CK(kn_moe_experts(&L->w, dx, ids, w, M, K, shared, ws, ws_bytes, y, NULL, st));
 }
 
 int main(int argc, char **argv) {
@@ -102,28 +95,16 @@ int main(int argc, char **argv) {
     if (iters < 1) iters = 1;
     kn_harness_require_gpu();
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    KN_CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    KN_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1, e2;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventCreate(&e2));
+    KN_CK(cudaEventCreate(&e0));
+    KN_CK(cudaEventCreate(&e1));
+    KN_CK(cudaEventCreate(&e2));
 
-    /* copy bandwidth (read + write), as kn_bench */
-    const size_t cbytes = (size_t)1 << 30;
-    void *ca = dalloc(cbytes), *cb = dalloc(cbytes);
-    CK(cudaMemsetAsync(ca, 1, cbytes, st));
-    CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < iters; i++) CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_gbps = 2.0 * (double)cbytes * iters / (ms * 1e-3) / 1e9;
-    CK(cudaFree(ca));
-    CK(cudaFree(cb));
+    /* copy bandwidth (read + write), the reference for every fraction below */
+    const double copy_gbps = kn_bench_copy_gbps(st, iters);
 
     /* patterns: random words / bf16 weights (|v| < 2^-4) / bf16 scales in [2^-8, 2^-6) */
     const size_t pat = (size_t)32 << 20;
@@ -137,9 +118,9 @@ int main(int argc, char **argv) {
         hs[i] = (uint16_t)(((uint64_t)(119 + (s >> 44) % 2) << 7) | ((s >> 24) & 0x7f));
     }
     void *pw = dalloc(pat), *pb = dalloc(pat), *ps = dalloc(pat);
-    CK(cudaMemcpy(pw, hw, pat, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pb, hb, pat, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ps, hs, pat, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(pw, hw, pat, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(pb, hb, pat, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(ps, hs, pat, cudaMemcpyHostToDevice));
     free(hw), free(hb), free(hs);
     moe_layer L[NL];
     const size_t b13 = kn_moe_w13_words(E, H, I_TP) * 4, bs13 = kn_moe_s13_count(E, H, I_TP) * 2;
@@ -155,16 +136,16 @@ int main(int argc, char **argv) {
         L[l].router = dalloc((size_t)E * H * 2);
         L[l].sg = dalloc((size_t)IS_TP * H * 2), L[l].su = dalloc((size_t)IS_TP * H * 2), L[l].sd = dalloc((size_t)H * IS_TP * 2);
         /* each layer its own slice of the pattern: different routers */
-        CK(cudaMemcpyAsync(L[l].router, (char *)pb + (size_t)l * (pat / NL / 2), (size_t)E * H * 2 < pat / 2 ? (size_t)E * H * 2 : pat / 2,
+        KN_CK(cudaMemcpyAsync(L[l].router, (char *)pb + (size_t)l * (pat / NL / 2), (size_t)E * H * 2 < pat / 2 ? (size_t)E * H * 2 : pat / 2,
                            cudaMemcpyDeviceToDevice, st));
         fill(L[l].sg, (size_t)IS_TP * H * 2, pb, pat, st), fill(L[l].su, (size_t)IS_TP * H * 2, pb, pat, st);
         fill(L[l].sd, (size_t)H * IS_TP * 2, pb, pat, st);
         L[l].bias = dalloc(sizeof(float) * E);
-        CK(cudaMemcpy(L[l].bias, hbias, sizeof(float) * E, cudaMemcpyHostToDevice));
+        KN_CK(cudaMemcpy(L[l].bias, hbias, sizeof(float) * E, cudaMemcpyHostToDevice));
     }
-    CK(cudaFree(pw));
-    CK(cudaFree(pb));
-    CK(cudaFree(ps));
+    KN_CK(cudaFree(pw));
+    KN_CK(cudaFree(pb));
+    KN_CK(cudaFree(ps));
     free(hbias);
     /* activations: a fresh random x [MMAX, H] per iteration (N(0,1)-ish, like a normed hidden state) */
     const int nx = iters + 1;
@@ -172,7 +153,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)nx * MMAX * H; i++)
         hx[i] = (float)((double)(lcg() >> 11) * 0x1.0p-53 * 3.4 - 1.7);
     float *dxs = dalloc(sizeof(float) * (size_t)nx * MMAX * H), *dx = dalloc(sizeof(float) * MMAX * H);
-    CK(cudaMemcpy(dxs, hx, sizeof(float) * (size_t)nx * MMAX * H, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(dxs, hx, sizeof(float) * (size_t)nx * MMAX * H, cudaMemcpyHostToDevice));
     free(hx);
     float *logits = dalloc(sizeof(float) * MMAX * E), *w = dalloc(sizeof(float) * MMAX * K);
     int32_t *ids = dalloc(sizeof(int32_t) * MMAX * K);
@@ -180,7 +161,7 @@ int main(int argc, char **argv) {
     float *shared = dalloc(sizeof(float) * MMAX * H), *y = dalloc(sizeof(float) * MMAX * H);
     const size_t ws_bytes = kn_moe_workspace_bytes(MMAX, K, E, H, I_TP);
     void *ws = dalloc(ws_bytes);
-    CK(cudaStreamSynchronize(st));
+    KN_CK(cudaStreamSynchronize(st));
 
     printf("device: %s, %d SMs, L2 %d MiB; copy D2D (read + write) %.1f GB/s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, copy_gbps);
@@ -195,17 +176,17 @@ int main(int argc, char **argv) {
         /* direct launches */
         for (int it = -1; it < iters; it++) {
             const moe_layer *Ly = &L[(it + 1) % NL];
-            CK(cudaMemcpyAsync(dx, dxs + (size_t)(it + 1) * MMAX * H, sizeof(float) * (size_t)M * H,
+            KN_CK(cudaMemcpyAsync(dx, dxs + (size_t)(it + 1) * MMAX * H, sizeof(float) * (size_t)M * H,
                                cudaMemcpyDeviceToDevice, st));
-            CK(cudaEventRecord(e0, st));
+            KN_CK(cudaEventRecord(e0, st));
             step(Ly, dx, M, logits, ids, w, g, u, shared, ws, ws_bytes, y, st);
-            CK(cudaEventRecord(e2, st));
-            CK(cudaEventSynchronize(e2));
+            KN_CK(cudaEventRecord(e2, st));
+            KN_CK(cudaEventSynchronize(e2));
             if (it < 0) continue;
             float m = 0;
-            CK(cudaEventElapsedTime(&m, e0, e2));
+            KN_CK(cudaEventElapsedTime(&m, e0, e2));
             t_direct += m;
-            CK(cudaMemcpy(hids, ids, sizeof(int32_t) * (size_t)M * K, cudaMemcpyDeviceToHost));
+            KN_CK(cudaMemcpy(hids, ids, sizeof(int32_t) * (size_t)M * K, cudaMemcpyDeviceToHost));
             unsigned char seen[E] = {0};
             int nd = 0;
             for (int i = 0; i < M * K; i++)
@@ -216,36 +197,36 @@ int main(int argc, char **argv) {
         /* the experts alone (kn_moe_experts on the last routing), to split the time */
         for (int it = -1; it < iters; it++) {
             const moe_layer *Ly = &L[(it + 1) % NL];
-            CK(cudaEventRecord(e0, st));
-            CK(kn_moe_experts(&Ly->w, dx, ids, w, M, K, shared, ws, ws_bytes, y, NULL, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
+            KN_CK(cudaEventRecord(e0, st));
+            KN_CK(kn_moe_experts(&Ly->w, dx, ids, w, M, K, shared, ws, ws_bytes, y, NULL, st));
+            KN_CK(cudaEventRecord(e1, st));
+            KN_CK(cudaEventSynchronize(e1));
             float m = 0;
-            CK(cudaEventElapsedTime(&m, e0, e1));
+            KN_CK(cudaEventElapsedTime(&m, e0, e1));
             if (it >= 0) t_experts += m;
         }
         /* a CUDA graph per layer, replayed */
         cudaGraphExec_t ge[NL];
         for (int l = 0; l < NL; l++) {
             cudaGraph_t gr;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            KN_CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             step(&L[l], dx, M, logits, ids, w, g, u, shared, ws, ws_bytes, y, st);
-            CK(cudaStreamEndCapture(st, &gr));
-            CK(cudaGraphInstantiate(&ge[l], gr, 0));
-            CK(cudaGraphDestroy(gr));
+            KN_CK(cudaStreamEndCapture(st, &gr));
+            KN_CK(cudaGraphInstantiate(&ge[l], gr, 0));
+            KN_CK(cudaGraphDestroy(gr));
         }
         for (int it = -1; it < iters; it++) {
-            CK(cudaMemcpyAsync(dx, dxs + (size_t)(it + 1) * MMAX * H, sizeof(float) * (size_t)M * H,
+            KN_CK(cudaMemcpyAsync(dx, dxs + (size_t)(it + 1) * MMAX * H, sizeof(float) * (size_t)M * H,
                                cudaMemcpyDeviceToDevice, st));
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge[(it + 1) % NL], st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
+            KN_CK(cudaEventRecord(e0, st));
+            KN_CK(cudaGraphLaunch(ge[(it + 1) % NL], st));
+            KN_CK(cudaEventRecord(e1, st));
+            KN_CK(cudaEventSynchronize(e1));
             float m = 0;
-            CK(cudaEventElapsedTime(&m, e0, e1));
+            KN_CK(cudaEventElapsedTime(&m, e0, e1));
             if (it >= 0) t_graph += m;
         }
-        for (int l = 0; l < NL; l++) CK(cudaGraphExecDestroy(ge[l]));
+        for (int l = 0; l < NL; l++) KN_CK(cudaGraphExecDestroy(ge[l]));
         const double us_d = t_direct / iters * 1e3, us_e = t_experts / iters * 1e3, us_g = t_graph / iters * 1e3;
         const double b = bytes / iters, gbps = b / (us_g * 1e-6) / 1e9;
         char line[768];
@@ -263,10 +244,10 @@ int main(int argc, char **argv) {
     for (int l = 0; l < NL; l++) {
         void *d[] = {(void *)L[l].w.w13, (void *)L[l].w.s13, (void *)L[l].w.w2, (void *)L[l].w.s2, L[l].router,
                      L[l].bias, L[l].sg, L[l].su, L[l].sd};
-        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) CK(cudaFree(d[i]));
+        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) KN_CK(cudaFree(d[i]));
     }
     void *d[] = {dxs, dx, logits, w, ids, g, u, shared, y, ws};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) CK(cudaFree(d[i]));
-    CK(cudaStreamDestroy(st));
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) KN_CK(cudaFree(d[i]));
+    KN_CK(cudaStreamDestroy(st));
     return 0;
 }
