@@ -134,6 +134,10 @@ struct hf_config;
 int dsv3_load(model *m, const struct hf_config *hc, specd_err *err);
 int dsv3_forward(model *m, const model_batch *b, specd_err *err);
 void dsv3_free(struct dsv3_state *s); /* NULL ok */
+/* deepseek_v3.c: makes the layers' weights, norms and router biases backend-resident (model_place's
+ * DeepSeek-V3 part; the routed experts through moe_place where the backend has it). */
+int dsv3_place(model *m, specd_err *err);
+void dsv3_unplace(model *m); /* frees what moe_place put in backend memory (model_destroy) */
 int32_t dsv3_rope_dim(const struct dsv3_state *s); /* qk_rope_head_dim: the rotated dims per head */
 
 #endif
