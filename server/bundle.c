@@ -160,7 +160,8 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
     return 0;
 }
 
-/* Why this configuration cannot run on the GPU today ("" if it can). */
+/* Why this configuration cannot run on the GPU today ("" if it can). DeepSeek-V3 / Kimi runs there
+ * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent. */
 static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
     if (cfg->tensor_parallel_size > 1)
@@ -254,12 +255,8 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     const int64_t max_len = cfg->max_model_len > 0 ? cfg->max_model_len : (d.max_pos > (1 << 24) ? 1 << 24 : d.max_pos);
     const int64_t T = cfg->max_num_batched_tokens, H = d.hidden, qd = d.n_heads * d.head_dim,
                   kvd = d.n_kv_heads * d.head_dim;
-    int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
+    const int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
     if (nb < 0) return -1;
-    if (nb && d.deepseek) { /* model_graph.c captures the Llama forward only */
-        LOG_INFO("cuda graphs: not captured for DeepSeek-V3 / Kimi models yet (every step eager)");
-        nb = 0;
-    }
     b->n_graph_buckets = nb;
     bk_cuda_opts o = {.device = 0,
                       .max_tokens = (int32_t)T,
@@ -300,7 +297,9 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                                                        ((size_t)16 << 20); /* + norms, alignment */
     /* graphs: buckets x (decode, verify) x (per layer ~16 kernel nodes + the outputs') */
     const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1);
-    size_t graphs = n_graphs * (size_t)(16 * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
+    /* DeepSeek-V3: ~32 kernels per layer + 4 per head (the absorbed MLA's per-head GEMMs and copies) */
+    const int64_t per_layer = d.deepseek ? 32 + 4 * d.n_heads : 16;
+    size_t graphs = n_graphs * (size_t)(per_layer * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
     if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
     b->graph_reserve = graphs;
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;

@@ -416,6 +416,11 @@ static size_t ds_ws_floats(const model *m, int32_t T, const ds_idx *ix, int64_t 
     return (size_t)T * (size_t)per_tok + ix->n_qn + ix->n_qpe + ix->n_oh + ix->n_ckv + 26 * BK_TAKE_SLACK;
 }
 
+size_t dsv3_workspace_floats(const model *m, int32_t T, int32_t n_aux) {
+    const ds_idx ix = ds_idx_plan(&m->ds->hc, m->nh_l, T);
+    return ds_ws_floats(m, T, &ix, n_aux);
+}
+
 int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
     dsv3_state *s = m->ds;
     const hf_config *c = &s->hc;

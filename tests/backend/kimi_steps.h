@@ -61,8 +61,10 @@ static inline const int32_t *const *ks_tables(void) {
 }
 
 /* Runs the steps on m. forced: a previous run whose tokens are fed (NULL: choose greedily). Returns 0, or
- * -1 with the message printed. step_hook (may be NULL) is called after each step with its index. */
-static inline int ks_do(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step)) {
+ * -1 with the message printed. step_hook (may be NULL) is called after each step with its index. hidden:
+ * ask for the final hidden states (false: r->hidden stays unwritten; a step asking for them never replays a
+ * CUDA graph, model.h). */
+static inline int ks_do_ex(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step), bool hidden) {
     const model_config *mc = model_get_config(m);
     const int32_t V = mc->vocab, H = mc->hidden;
     memset(r, 0, sizeof *r);
@@ -105,12 +107,12 @@ static inline int ks_do(model *m, const ks_run *forced, ks_run *r, void (*step_h
         int32_t oi[KS_MAXT];
         for (int i = 0; i < T; i++) oi[i] = i;
         r->logits[st] = malloc(sizeof(float) * (size_t)T * V);
-        r->hidden[st] = malloc(sizeof(float) * (size_t)T * H);
+        r->hidden[st] = calloc((size_t)T * H, sizeof(float));
         r->aux[st] = malloc(sizeof(float) * (size_t)T * KS_NAUX * H);
         if (!r->logits[st] || !r->hidden[st] || !r->aux[st]) return -1;
         model_batch b = {.n_tokens = T, .tokens = r->tok[st], .pos = r->pos[st], .seq_of = r->seq[st],
                          .n_seqs = KS_NSEQ, .block_tables = ks_tables(), .tree_mask = use_mask ? mask : NULL,
-                         .n_out = T, .out_idx = oi, .logits = r->logits[st], .final_hidden = r->hidden[st],
+                         .n_out = T, .out_idx = oi, .logits = r->logits[st], .final_hidden = hidden ? r->hidden[st] : NULL,
                          .n_aux = KS_NAUX, .aux_layers = KS_AUX_LAYERS, .aux = r->aux[st]};
         specd_err err = {{0}};
         if (model_forward(m, &b, &err) < 0) {
@@ -120,6 +122,10 @@ static inline int ks_do(model *m, const ks_run *forced, ks_run *r, void (*step_h
         if (step_hook) step_hook(st);
     }
     return 0;
+}
+
+static inline int ks_do(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step)) {
+    return ks_do_ex(m, forced, r, step_hook, true);
 }
 
 static inline void ks_free(ks_run *r) {

@@ -26,6 +26,14 @@
  *     greedy tokens each, identical to the reference's, except that a
  *     mismatch where the reference's routing gap is below 2^-9 ends that
  *     prompt (kimi_c_logits' rule for the bf16 latent).
+ *  6. CUDA graphs of the DeepSeek-V3 step (model_graph.c: buckets 1, 2, 4 x
+ *     1 and 4 tokens per sequence, with the aux capture): the run again with
+ *     graphs (its decode steps replay the 4 x 1 graph, the prefill and the
+ *     tree-mask step run eagerly) gives the eager run's logits and aux bit
+ *     for bit, and a chain-verify step of 4 + 1 + 3 tokens replays the 4 x 4
+ *     graph (8 padding rows) with the bits of the same step run eagerly after
+ *     the graphs are released, after an eager 64-token step (the largest
+ *     the graphs were sized for: the workspace must not move); 6 replays.
  *  5. Memory: nothing is allocated in the arena after the first (largest)
  *     step (weights placed once, the MoE routing buffers carved at create:
  *     review finding F6); a moe call beyond the backend's MoE bounds and a
@@ -57,6 +65,7 @@
 #ifdef bk_cuda_create /* tests/backend/cuda_fake/cuda_runtime_api.h renamed the backend: the fake device */
 #define ON_FAKE 1
 extern int fake_violations;
+extern long fake_host_launches, fake_graph_launches;
 #else
 #define ON_FAKE 0
 #endif
@@ -353,6 +362,81 @@ static void check_fixture(model *m) {
     json_decref(fx);
 }
 
+/* A chain-verify step after the run (4 tokens of sequence 0, 1 of 1, 3 of 2), all rows' logits and aux. */
+static int verify_step(model *m, const ks_run *run, float *lg, float *ax) {
+    int32_t tok[8], pos[8], seq[8], oi[8];
+    static const int nq[KS_NSEQ] = {4, 1, 3};
+    int T = 0;
+    for (int s = 0; s < KS_NSEQ; s++) {
+        int32_t p0 = 0;
+        for (int st = 0; st < KS_NSTEP; st++)
+            for (int t = 0; t < run->T[st]; t++)
+                if (run->seq[st][t] == s && run->pos[st][t] + 1 > p0) p0 = run->pos[st][t] + 1;
+        for (int i = 0; i < nq[s]; i++, T++) tok[T] = 500 + 71 * T, pos[T] = p0 + i, seq[T] = s, oi[T] = T;
+    }
+    model_batch b = {.n_tokens = T, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = KS_NSEQ,
+                     .block_tables = ks_tables(), .n_out = T, .out_idx = oi, .logits = lg, .n_aux = KS_NAUX,
+                     .aux_layers = KS_AUX_LAYERS, .aux = ax};
+    specd_err err = {{0}};
+    const int rc = model_forward(m, &b, &err);
+    if (rc < 0) printf("verify step: %s\n", err.msg);
+    return rc < 0 ? -1 : T;
+}
+
+static void check_graphs(model *md, const ks_run *eager) {
+    const int32_t buckets[3] = {1, 2, 4}, q[2] = {1, 4};
+    const model_graph_opts go = {.buckets = buckets, .n_buckets = 3, .q = q, .n_q = 2, .n_aux = KS_NAUX,
+                                 .aux_layers = KS_AUX_LAYERS, .max_step_tokens = 64, .max_seqs = 5, .max_tokens = 64};
+    specd_err err = {{0}};
+    if (model_graphs_capture(md, &go, &err) < 0) {
+        EXPECT(0, "graph capture: %s", err.msg);
+        return;
+    }
+    ks_run g;
+    EXPECT(ks_do_ex(md, eager, &g, NULL, false) == 0, "the run with graphs");
+    const int32_t V = eager->V, H = eager->H;
+    for (int st = 0; st < KS_NSTEP; st++)
+        EXPECT(!memcmp(g.logits[st], eager->logits[st], sizeof(float) * (size_t)eager->T[st] * V) &&
+                   !memcmp(g.aux[st], eager->aux[st], sizeof(float) * (size_t)eager->T[st] * KS_NAUX * H),
+               "step %d with graphs != eager", st);
+    { /* an eager step of the largest size the graphs were sized for (64 tokens, every row out, aux): the
+       * workspace must not move (model_grow would release the graphs and the verify step below run eagerly) */
+        int32_t tok[64], pos[64], seq[64], oi[64];
+        for (int i = 0; i < 64; i++) tok[i] = 9000 + 13 * i, pos[i] = i, seq[i] = 0, oi[i] = i;
+        float *lg = malloc(sizeof(float) * 64 * (size_t)V), *ax = malloc(sizeof(float) * 64 * KS_NAUX * (size_t)H);
+        model_batch b = {.n_tokens = 64, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = KS_NSEQ,
+                         .block_tables = ks_tables(), .n_out = 64, .out_idx = oi, .logits = lg, .n_aux = KS_NAUX,
+                         .aux_layers = KS_AUX_LAYERS, .aux = ax};
+        EXPECT(model_forward(md, &b, &err) == 0, "a 64-token step with graphs captured: %s", err.msg);
+        free(lg), free(ax);
+    }
+    float *l1 = malloc(sizeof(float) * 8 * (size_t)V), *l2 = malloc(sizeof(float) * 8 * (size_t)V);
+    float *a1 = malloc(sizeof(float) * 8 * KS_NAUX * (size_t)H), *a2 = malloc(sizeof(float) * 8 * KS_NAUX * (size_t)H);
+#if ON_FAKE
+    const long hl0 = fake_host_launches, gl0 = fake_graph_launches;
+#endif
+    const int T = verify_step(md, eager, l1, a1);
+#if ON_FAKE /* the replayed step: one graph launch, no kernel launched from the host (the gather of its logits
+             * rows is inside the graph too) */
+    EXPECT(fake_graph_launches - gl0 == 1 && fake_host_launches - hl0 == 0,
+           "a replayed step: %ld graph launches, %ld host launches (expected 1, 0)", fake_graph_launches - gl0,
+           fake_host_launches - hl0);
+#endif
+    model_graph_stats st;
+    model_graph_get_stats(md, &st);
+    model_graphs_release(md);
+    EXPECT(T == 8 && verify_step(md, eager, l2, a2) == 8, "verify steps");
+    EXPECT(!memcmp(l1, l2, sizeof(float) * 8 * (size_t)V) && !memcmp(a1, a2, sizeof(float) * 8 * KS_NAUX * (size_t)H),
+           "the verify step replayed as a graph != the same step eager");
+    EXPECT(st.n_graphs == 6 && st.replays == 6 && st.eager == 3 && st.padded_rows == 5 + 8,
+           "graphs %d, replays %ld, eager %ld, padded rows %ld (expected 6, 6, 3, 13)", st.n_graphs, st.replays,
+           st.eager, st.padded_rows);
+    printf("CUDA graphs: %d captured; %ld steps replayed (%ld padding rows), %ld eager, compared with eager bit for bit\n",
+           st.n_graphs, st.replays, st.padded_rows, st.eager);
+    free(l1), free(l2), free(a1), free(a2);
+    ks_free(&g);
+}
+
 /* The bounds: a backend whose MoE bounds are below the model's refuses the step; a step beyond max tokens
  * too; the naive MLA form is refused on a device backend. */
 static void check_refusals(const char *dir, const bk_cuda_opts *o0) {
@@ -392,7 +476,7 @@ int main(void) {
     if (ks_do(mc, NULL, &ref, NULL) < 0) return 1;
     const model_config *c = model_get_config(mc);
     /* the miniature: 4 heads, latent 32 + 16, 16 experts top 4 of width 64 (hidden 128) */
-    const bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 64, .max_seqs = 4,
+    const bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 64, .max_seqs = 5,
                             .max_len = KS_MAXB * KS_BS, .block_size = KS_BS, .max_heads = 4,
                             .max_head_dim = c->head_dim, .sample_vocab = c->vocab, .mla_kv_lora_rank = 32,
                             .moe_experts = 16, .moe_top_k = 4, .moe_hidden = c->hidden, .moe_inter = 64};
@@ -403,7 +487,7 @@ int main(void) {
         return 1;
     }
     const size_t used0 = bk_cuda_arena_used(dev);
-    model *md = load(dev, dir, KS_MAXB * KS_NSEQ);
+    model *md = load(dev, dir, KS_MAXB * KS_NSEQ + 1); /* + the graphs' padding block */
     if (!md) return 1;
     const size_t used_loaded = bk_cuda_arena_used(dev);
     printf("arena: %.1f MiB for the backend's own buffers, %.1f MiB after loading (weights, KV)\n",
@@ -424,6 +508,7 @@ int main(void) {
     dsv3_set_mla_absorbed(md, true);
     free(lg);
     check_fixture(md);
+    check_graphs(md, &got);
     ks_free(&ref), ks_free(&got);
     model_destroy(md);
     model_destroy(mc);
