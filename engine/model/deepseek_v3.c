@@ -5,7 +5,10 @@
  *
  * Owns: the dsv3_state (parsed config, the shard mappings, per-layer weight
  * views, converted copies: f32 norms and router biases, the transposed
- * per-head W_UK blocks of kv_b_proj for absorbed MLA).
+ * per-head W_UK blocks of kv_b_proj for absorbed MLA) and, on a device
+ * backend, the placement (dsv3_place: weights through weight_place, norms and
+ * biases uploaded, the routed experts repacked by moe_place; kv_b_proj stays
+ * a host view, only the host-only naive MLA form reads it).
  * Weights stay in their checkpoint dtype and are used in place: bf16/f16/f32
  * views of the mapping; compressed-tensors int4 experts (weight_packed int32
  * [out, in/8] + weight_scale bf16 [out, in/32] + weight_shape [2]) become

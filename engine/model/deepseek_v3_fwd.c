@@ -5,21 +5,42 @@
  * noaux_tc selection bias and group limits, int4 routed experts, shared
  * experts). The math is docs/kimi-k2.5.md (checked against transformers).
  *
- * MLA on existing ops. Per layer the cache holds, per token, the latent
- * [c_kv (kvl) | k_pe (r)] = kvl + r f32 values: one paged plane with one "KV
- * head" of head_dim kvl + r, used as K and as V (bk_kv_layer.k == .v).
+ * One forward for every backend (host-visible or not): every activation is a
+ * bk_tensor carved from the model's workspace, every weight, norm and bias is
+ * what dsv3_place made backend-resident (zero-copy views on the CPU), and the
+ * step follows the phases of model_internal.h (MODEL_PH_UP: the token ids, the
+ * row-gather index lists and the attention metadata uploaded; MODEL_PH_RUN:
+ * only kernel launches, so a CUDA graph can capture it; MODEL_PH_DOWN: aux
+ * and logits downloaded). Nothing is allocated per step on the device: the
+ * workspace grows to the largest step (model_graph.c sizes it before a
+ * capture), the backend's MLA scratch and MoE buffers are carved at create.
+ * Host-only parts: the naive MLA form (refused on a device backend) and, where
+ * the backend has no moe op (the CPU), moe_forward: the CPU's reference path.
+ *
+ * MLA. Per layer the cache holds, per token, the latent [c_kv (kvl) | k_pe
+ * (r)] = kvl + r values (f32, or bf16: model_load_opts.latent_bf16, always on
+ * a device): one paged plane with one "KV head" of head_dim kvl + r, used as K
+ * and as V (bk_kv_layer.k == .v).
  *   absorbed: q_lat_h = W_UK_h^T q_nope_h, so q_nope.k_nope = q_lat.c_kv and
- *     the attention op on q = [q_lat | q_pe] against K = [c_kv | k_pe] gives
- *     exactly the MLA scores; its output on V = [c_kv | k_pe] is
- *     [sum p c_kv | sum p k_pe], whose first kvl values go through W_UV_h.
- *     (The k_pe half of the output is wasted work: r / (kvl + r) = 11% for Kimi.)
+ *     attention on q = [q_lat | q_pe] against K = [c_kv | k_pe] gives exactly
+ *     the MLA scores; bk_ops.mla_attention returns per head sum_p p c_kv, which
+ *     goes through W_UV_h (CPU: the attention op + the c_kv columns; CUDA:
+ *     kn_mla). The per-head column blocks (q_nope of one head, q_pe, one head's
+ *     output, c_kv of the latent) move as whole rows of g = gcd(n, r, kvl)
+ *     floats through gather_rows (ds_idx) and back through copy_cols: exact
+ *     copies, so every backend does the same arithmetic in the same order, and
+ *     the CPU's bits are those of the host-pointer version this replaced.
  *   naive: the latent of every context position of the batch's sequences is
  *     decompressed through kv_b_proj into per-head K = [k_nope | k_pe] and V,
  *     padded to a common width, into a scratch cache (one block per
- *     sequence), and the attention op runs on that.
+ *     sequence), and the attention op runs on that (host-visible only).
  * The model uses one form for every token (dsv3_state.absorbed), so a
  * token's result does not depend on whether it came in a prefill chunk or a
  * decode step.
+ * MoE: the router matmul, the shared expert (SwiGLU), then bk_ops.moe on the
+ * experts moe_place repacked (noaux_tc routing, the experts, the fixed-order
+ * combine + shared: moe_forward's order and roundings) where the backend has
+ * it; moe_forward on host memory otherwise.
  * RoPE: the rope op with neox = false rotates adjacent pairs (2i, 2i+1) of
  * q_pe and k_pe in place; transformers rotates the same pairs and writes them
  * de-interleaved, a permutation shared by q and k that leaves q.k unchanged.
