@@ -437,17 +437,17 @@ int dsv3_place(model *m, specd_err *err) {
             return specd_err_wrap(err, "layer %d", l);
         if (!dev) continue; /* host-visible: the loader's views are the backend's tensors (zero copies) */
         /* kv_b stays a host view: only the naive MLA form reads it, and that form is host-only */
-        bk_weight *ws[8 + 2 * 64];
+        bk_weight *ws[8];
         int nw = 0;
         if (c->q_lora_rank > 0) ws[nw++] = &Y->q_a;
         ws[nw++] = &Y->q_b, ws[nw++] = &Y->kv_a, ws[nw++] = &Y->o;
         if (!Y->moe || Y->has_shared) ws[nw++] = &Y->gate, ws[nw++] = &Y->up, ws[nw++] = &Y->down;
         if (Y->moe) ws[nw++] = &Y->router;
-        if (m->nh_l > 64) return specd_err_set(err, "%d attention heads on one device (at most 64)", m->nh_l);
-        for (int32_t h = 0; h < m->nh_l; h++) ws[nw++] = &Y->w_uk_t[h], ws[nw++] = &Y->w_uv[h];
-        for (int i = 0; i < nw; i++)
-            if (be->ops->weight_place(be->ctx, ws[i], ws[i]) < 0)
+        for (int i = 0; i < nw + 2 * m->nh_l; i++) { /* then the absorbed per-head blocks W_UK_h^T, W_UV_h */
+            bk_weight *w = i < nw ? ws[i] : (i - nw) % 2 ? &Y->w_uv[(i - nw) / 2] : &Y->w_uk_t[(i - nw) / 2];
+            if (be->ops->weight_place(be->ctx, w, w) < 0)
                 return specd_err_set(err, "placing layer %d's weights in %s memory", l, be->name);
+        }
         if (Y->moe && be->ops->moe_place(be->ctx, c->n_routed_experts, Y->ex_gate, Y->ex_up, Y->ex_down, &Y->ex_dev) < 0)
             return specd_err_set(err, "layer %d: placing %d routed experts in %s memory failed (int4 group-32 "
                                       "experts only; the log has the reason)", l, c->n_routed_experts, be->name);
