@@ -32,8 +32,11 @@
  * Built a second time as kimi_c_spec_on_fake (tests/backend/cuda_fake.c):
  * target AND head on the fake CUDA device (the target's forward on device
  * tensors, its latent cache in bf16, the head's weights / KV / buffers in the
- * arena); the reference is plain greedy by the same device model, so
- * speculative == plain holds whatever the device's arithmetic (issue 19).
+ * arena); the reference is plain greedy by the same device model, run
+ * eagerly, and the engine's steps then replay CUDA graphs (buckets 1, 2, 4,
+ * 8 x 1 and 4 tokens, with the head's aux layers), so speculative through
+ * graphs == eager plain holds whatever the device's arithmetic as long as it
+ * is batch-invariant (issue 19).
  * And a third time as the GPU test cuda_kimi_spec (label gpu, KC_SPEC_CUDA:
  * the same on the real CUDA backend; exits 77 without a GPU; with the random
  * head OUT/head where the built one is absent, as on the GPU machine).
@@ -179,7 +182,7 @@ static const spec_proposer_ops ck_ops = {.aux_layers = ck_aux, .extend = ck_exte
  * every output against the reference and the pool against leaks. */
 static void run(spec_proposer *p, int nreq, int32_t k, engine_stats *st) {
     engine_runner rn = {.ctx = g_model, .forward = real_forward, .vocab = V, .hidden = model_get_config(g_model)->hidden,
-                        .block_size = BS, .n_blocks = NBLK};
+                        .block_size = BS, .n_blocks = model_kv_n_blocks(g_model)}; /* less the graphs' padding block */
     engine_detok d = {.stream_create = dt_create, .stream_destroy = dt_destroy, .push = dt_push, .flush = dt_flush};
     engine_config cfg = {.max_model_len = 128, .max_num_seqs = 8, .max_num_batched_tokens = 48, .max_waiting = 64,
                          .num_speculative_tokens = k};
@@ -380,12 +383,33 @@ int main(void) {
         reference_decode(r);
     }
     json_decref(fx);
+#if KC_ON_DEVICE
+    /* the engine's steps as CUDA graphs (model_graph.c; the aux of the head's layers {1, 3, 5} captured): the
+     * references above ran eagerly, so speculative greedy through the graphs == eager plain greedy */
+    const int32_t buckets[4] = {1, 2, 4, 8}, qs[2] = {1, 4}, aux_layers[3] = {1, 3, 5};
+    const model_graph_opts go = {.buckets = buckets, .n_buckets = 4, .q = qs, .n_q = 2, .n_aux = 3,
+                                 .aux_layers = aux_layers, .max_step_tokens = 64, .max_seqs = 9, .max_tokens = 48};
+    if (model_graphs_capture(g_model, &go, &err) != 0) {
+        fprintf(stderr, "graph capture: %s\n", err.msg);
+        return 1;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eagle3_head),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_oracle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+#if KC_ON_DEVICE
+    model_graph_stats gst;
+    model_graph_get_stats(g_model, &gst);
+    printf("kimi_c_spec: CUDA graphs: %d captured, %ld steps replayed (%ld padding rows), %ld eager\n", gst.n_graphs,
+           gst.replays, gst.padded_rows, gst.eager);
+    if (gst.n_graphs != 8 || gst.replays == 0) {
+        fprintf(stderr, "expected 8 graphs and replayed steps\n");
+        rc = 1;
+    }
+#endif
     model_destroy(g_model);
 #if KC_ON_DEVICE
     bk_cuda_destroy(g_be);
