@@ -26,6 +26,10 @@
  *     greedy tokens each, identical to the reference's, except that a
  *     mismatch where the reference's routing gap is below 2^-9 ends that
  *     prompt (kimi_c_logits' rule for the bf16 latent).
+ *  5. Memory: nothing is allocated in the arena after the first (largest)
+ *     step (weights placed once, the MoE routing buffers carved at create:
+ *     review finding F6); a moe call beyond the backend's MoE bounds and a
+ *     step beyond max tokens fail; the naive MLA form is refused on the device.
  *  6. CUDA graphs of the DeepSeek-V3 step (model_graph.c: buckets 1, 2, 4 x
  *     1 and 4 tokens per sequence, with the aux capture): the run again with
  *     graphs (its decode steps replay the 4 x 1 graph, the prefill and the
@@ -34,10 +38,6 @@
  *     graph (8 padding rows) with the bits of the same step run eagerly after
  *     the graphs are released, after an eager 64-token step (the largest
  *     the graphs were sized for: the workspace must not move); 6 replays.
- *  5. Memory: nothing is allocated in the arena after the first (largest)
- *     step (weights placed once, the MoE routing buffers carved at create:
- *     review finding F6); a moe call beyond the backend's MoE bounds and a
- *     step beyond max tokens fail; the naive MLA form is refused on the device.
  * Not checked here: the routing ids / weights of the device against the CPU's
  * token by token (the op keeps them in the backend; tests/kernels/test_kn_moe.c
  * compares kn_moe_route with dsv3_route on 4 configs with planted ties).
