@@ -28,8 +28,8 @@
  *     prompt (kimi_c_logits' rule for the bf16 latent).
  *  5. Memory: nothing is allocated in the arena after the first (largest)
  *     step (weights placed once, the MoE routing buffers carved at create:
- *     review finding F6); a moe call beyond the backend's MoE bounds and a
- *     step beyond max tokens fail; the naive MLA form is refused on the device.
+ *     review finding F6); a backend whose MoE top-k bound is below the
+ *     model's refuses the step; the naive MLA form is refused on the device.
  *  6. CUDA graphs of the DeepSeek-V3 step (model_graph.c: buckets 1, 2, 4 x
  *     1 and 4 tokens per sequence, with the aux capture): the run again with
  *     graphs (its decode steps replay the 4 x 1 graph, the prefill and the
