@@ -81,6 +81,8 @@ static int graph_buckets(const specd_config *cfg, int32_t *out, int cap, specd_e
 typedef struct dev_dims {
     bool deepseek;
     int64_t hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, max_pos;
+    /* DeepSeek-V3 / Kimi (deepseek): MLA and MoE shapes */
+    int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head, experts, top_k, moe_inter, shared_inter;
     int64_t weight_bytes; /* estimate of the bytes weight_place copies */
 } dev_dims;
 
@@ -136,6 +138,12 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
     d->vocab = hc.vocab;
     d->n_layers = hc.n_layers;
     d->max_pos = hc.max_pos;
+    if (d->deepseek) { /* one latent "KV head" of kv_lora_rank + rope (deepseek_v3.c) */
+        d->q_lora = hc.q_lora_rank, d->kv_lora = hc.kv_lora_rank, d->qk_nope = hc.qk_nope, d->qk_rope = hc.qk_rope;
+        d->v_head = hc.v_head, d->experts = hc.n_routed_experts, d->top_k = hc.n_experts_per_tok;
+        d->moe_inter = hc.moe_intermediate, d->shared_inter = (int64_t)hc.moe_intermediate * hc.n_shared_experts;
+        d->n_kv_heads = 1, d->head_dim = hc.kv_lora_rank + hc.qk_rope;
+    }
     DIR *dp = opendir(dir);
     if (!dp) return specd_err_set(err, "%s: cannot list", dir);
     struct dirent *e;
@@ -152,13 +160,17 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
     return 0;
 }
 
-/* Why this configuration cannot run on the GPU today ("" if it can). */
+/* Why this configuration cannot run on the GPU today ("" if it can). DeepSeek-V3 / Kimi runs there
+ * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent. */
 static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
     if (cfg->tensor_parallel_size > 1)
         snprintf(why, n, "--tensor-parallel-size %d runs on the CPU backend only", cfg->tensor_parallel_size);
-    else if (d->deepseek)
-        snprintf(why, n, "DeepSeek-V3 / Kimi models have no CUDA ops yet (MLA, MoE)");
+    else if (d->deepseek && (d->kv_lora > BK_CUDA_MLA_MAX_KVL || d->kv_lora % 2 || d->qk_rope % 2 ||
+                             d->head_dim > BK_CUDA_MAX_HEAD_DIM))
+        snprintf(why, n, "MLA latent of kv_lora_rank %lld + rope %lld: the CUDA MLA kernel takes an even kv_lora_rank "
+                 "<= %d, an even rope and a latent <= %d", (long long)d->kv_lora, (long long)d->qk_rope,
+                 BK_CUDA_MLA_MAX_KVL, BK_CUDA_MAX_HEAD_DIM);
     else if (d->head_dim > BK_CUDA_MAX_HEAD_DIM)
         snprintf(why, n, "head_dim %lld exceeds the CUDA attention kernel's %d", (long long)d->head_dim,
                  BK_CUDA_MAX_HEAD_DIM);
@@ -254,6 +266,11 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
                       .max_heads = (int32_t)d.n_heads,
                       .max_head_dim = (int32_t)d.head_dim,
                       .sample_vocab = (int32_t)d.vocab}; /* the device sampler's staging + scratch, carved at create */
+    if (d.deepseek) { /* MLA scratch, the MoE routing + workspace for a full step: carved at create (fixed) */
+        o.mla_kv_lora_rank = (int32_t)d.kv_lora;
+        o.moe_experts = (int32_t)d.experts, o.moe_top_k = (int32_t)d.top_k;
+        o.moe_hidden = (int32_t)H, o.moe_inter = (int32_t)d.moe_inter;
+    }
     draft_dims dd = {0};
     b->draft_why[0] = '\0';
     if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */
@@ -267,18 +284,28 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
         }
     }
     /* model.c: llama_forward's workspace and model_finish_outputs' ws_out for a full step, all rows output */
-    const size_t ws = 4 * (size_t)T * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * d.ffn + 1) +
+    /* DeepSeek-V3: deepseek_v3_fwd.c ds_ws_floats (the activations of MLA, the MoE's router logits and shared
+     * expert, the row-gather index lists), per token */
+    const int64_t dsw = d.ffn > d.shared_inter ? d.ffn : d.shared_inter, dD = d.kv_lora + d.qk_rope;
+    const int64_t ds_tok = 4 * H + (d.q_lora > 0 ? d.q_lora : 1) + 2 * d.n_heads * (d.qk_nope + d.qk_rope) + dD +
+                           2 * d.kv_lora + d.n_heads * (dD + 2 * d.kv_lora + d.v_head) + d.v_head + 2 * dsw +
+                           d.experts + d.n_heads * (d.qk_nope + d.qk_rope + 1) + d.kv_lora + 2;
+    const size_t ws = 4 * (size_t)T * (size_t)(d.deepseek ? ds_tok : 2 * H + 2 * qd + 2 * kvd + 2 * d.ffn + 1) +
                       4 * (size_t)T * (size_t)(1 + H + d.vocab) +
                       (b->spec.enabled ? 4 * (size_t)T * EAGLE3_MAX_AUX * (size_t)H : 0); /* aux capture */
     const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
                                                        ((size_t)16 << 20); /* + norms, alignment */
     /* graphs: buckets x (decode, verify) x (per layer ~16 kernel nodes + the outputs') */
     const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1);
-    size_t graphs = n_graphs * (size_t)(16 * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
+    /* DeepSeek-V3: ~32 kernels per layer + 4 per head (the absorbed MLA's per-head GEMMs and copies) */
+    const int64_t per_layer = d.deepseek ? 32 + 4 * d.n_heads : 16;
+    size_t graphs = n_graphs * (size_t)(per_layer * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
     if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
     b->graph_reserve = graphs;
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
-    const size_t per_tok = (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float) + dd.per_tok;
+    /* KV per token: K and V in f32; DeepSeek-V3's one latent plane in bf16 (model.c forces it on a device) */
+    const size_t per_tok = (d.deepseek ? (size_t)d.n_layers * (size_t)kvd * 2 : (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float)) +
+                           dd.per_tok;
     if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
         return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
                              (long long)d.n_layers, (long long)d.n_heads, (long long)d.head_dim);

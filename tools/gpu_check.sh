@@ -111,9 +111,14 @@ elif [ "$PHASE" != bench ]; then
         run_step twin 90 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/twin" --smollm2-shape
         run_step hf_mini 30 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/model_hf_mini" \
             --expect "$ROOT/tests/fixtures/model_hf/ref.json"
+        # the Kimi miniature (numpy; tokenizer files only where shared/data travelled) for cuda_kimi / cuda_kimi_spec
+        run_step kimi_mini 90 python3 "$ROOT/tests/kimi_c/make_minis.py" "$BUILD/kimi_c_mini"
     fi
     run_step ctest_gpu 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 280 \
         --output-junit "$OUT/ctest_gpu.xml"
+    # `specd serve --device cuda` on the Kimi miniature (issue 19; skips 77 without its tokenizer files)
+    run_step kimi_device_server 90 env SPECD_BIN="$BUILD/server/specd" KIMI_C_MINI_DIR="$BUILD/kimi_c_mini" \
+        python3 "$ROOT/tests/kimi_c/test_device_server.py"
 fi
 
 # --- benchmarks (each exits 77 without a GPU)

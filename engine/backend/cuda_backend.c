@@ -125,6 +125,8 @@ _Static_assert((int)KN_W_F32 == (int)BK_W_F32 && (int)KN_W_BF16 == (int)BK_W_BF1
                "kn_wtype and bk_wtype must agree");
 
 _Static_assert(BK_CUDA_MAX_HEAD_DIM == KN_ATTN_MAX_HEAD_DIM, "cuda_backend.h's head_dim bound is the kernel's");
+_Static_assert(BK_CUDA_MLA_MAX_KVL == KN_MLA_MAX_KVL && BK_CUDA_MAX_HEAD_DIM == KN_MLA_MAX_LATENT,
+               "cuda_backend.h's MLA bounds are kn_mla's");
 
 #define CU_ALIGN 256u
 
@@ -168,7 +170,8 @@ typedef struct cu_ctx {
     long graph_launches;           /* replays so far (logs, tests) */
     char name[256];
     char desc[512];
-    /* MoE (cu_moe): routing ids / weights and kn_moe_experts' workspace, grown to the largest step seen */
+    /* MoE (cu_moe): routing ids / weights and kn_moe_experts' workspace, carved at create for the
+     * opts' bounds (max_tokens x moe_top_k slots; cu_moe_ws_need) */
     int32_t *moe_ids;
     float *moe_w;
     void *moe_ws;
@@ -958,19 +961,16 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
                (long long)y->rows, (long long)y->cols, ex->E, ex->H, ex->I, cfg->k);
     const int32_t rows = (int32_t)T * cfg->k;
     const size_t ws = kn_moe_workspace_bytes((int32_t)T, cfg->k, ex->E, ex->H, ex->I);
-    if (rows > c->moe_cap_rows || ws > c->moe_ws_bytes) { /* grown at the first step of a larger size */
-        cu_buf_free(c, c->moe_ids), cu_buf_free(c, c->moe_w), cu_buf_free(c, c->moe_ws);
-        c->moe_ids = cu_buf_alloc(c, (size_t)rows * 4), c->moe_w = cu_buf_alloc(c, (size_t)rows * 4);
-        c->moe_ws = cu_buf_alloc(c, ws);
-        c->moe_cap_rows = rows, c->moe_ws_bytes = ws;
-        if (!c->moe_ids || !c->moe_w || !c->moe_ws) {
-            cu_buf_free(c, c->moe_ids), cu_buf_free(c, c->moe_w), cu_buf_free(c, c->moe_ws);
-            c->moe_ids = NULL, c->moe_w = NULL, c->moe_ws = NULL, c->moe_cap_rows = 0, c->moe_ws_bytes = 0;
-            LOG_ERROR("cuda backend: moe: no device memory for a %lld-token step's routing (%zu bytes)", (long long)T,
-                      ws);
-            return -1;
-        }
-    }
+    CU_REQUIRE(c->moe_ids, "moe: this backend was created without MoE bounds (bk_cuda_opts.moe_experts / moe_top_k "
+                           "/ moe_hidden / moe_inter)");
+    CU_REQUIRE(ex->E <= c->o.moe_experts && cfg->k <= c->o.moe_top_k && ex->H <= c->o.moe_hidden &&
+                   ex->I <= c->o.moe_inter && T <= c->o.max_tokens && rows <= c->moe_cap_rows &&
+                   ws <= c->moe_ws_bytes,
+               "moe: a %lld-token step of %d experts top %d [H %d | I %d] (%zu workspace bytes) exceeds this "
+               "backend's MoE bounds: %d tokens (max tokens), %d experts, top %d, H %d, I %d (bk_cuda_opts.moe_*; "
+               "%zu bytes carved at create)",
+               (long long)T, ex->E, cfg->k, ex->H, ex->I, ws, c->o.max_tokens, c->o.moe_experts, c->o.moe_top_k,
+               c->o.moe_hidden, c->o.moe_inter, c->moe_ws_bytes);
     const kn_moe_route_cfg rc = {cfg->E, cfg->k, cfg->n_group, cfg->topk_group, cfg->norm_topk_prob,
                                  cfg->routed_scaling};
     const kn_moe_weights kw = {ex->E, ex->H, ex->I, ex->w13, ex->s13, ex->w2, ex->s2};
@@ -1076,14 +1076,21 @@ static size_t cu_scratch_need(const bk_cuda_opts *o) {
     return a > mla ? a : mla;
 }
 
+/* kn_moe_experts' workspace for the opts' MoE bounds (0: no MoE). */
+static size_t cu_moe_ws_need(const bk_cuda_opts *o) {
+    if (o->moe_experts <= 0 || o->moe_top_k <= 0 || o->moe_hidden <= 0 || o->moe_inter <= 0) return 0;
+    return kn_moe_workspace_bytes(o->max_tokens, o->moe_top_k, o->moe_experts, o->moe_hidden, o->moe_inter);
+}
+
 size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {
     if (o->block_size <= 0 || o->max_len <= 0 || o->max_tokens <= 0 || o->max_seqs <= 0) return 0;
     const size_t T = (size_t)o->max_tokens;
     const size_t sampling = o->sample_vocab > 0 ? cu_round(cu_sample_base_bytes(o)) +
                                                       cu_round(kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, o->sample_vocab))
                                                 : 0;
+    const size_t moe = cu_moe_ws_need(o) ? 2 * cu_round(T * (size_t)o->moe_top_k * 4) + cu_round(cu_moe_ws_need(o)) : 0;
     return 2 * cu_round(T * 4) + cu_round((size_t)o->max_seqs * (size_t)cu_bt_cap(o) * 4) + cu_round(T * T) +
-           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling;
+           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling + moe;
 }
 
 int bk_cuda_probe(int dev, char *why, size_t why_len) { return kn_probe(dev, why, why_len); }
@@ -1151,6 +1158,16 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
         return specd_err_set(err, "arena of %zu bytes cannot hold the backend's own %zu bytes (metadata, %zu bytes "
                                   "of attention scratch)",
                              c->arena_bytes, bk_cuda_fixed_bytes(o), c->scratch_bytes);
+    if (cu_moe_ws_need(o)) { /* MoE routing + workspace for a max_tokens step (review finding F6) */
+        c->moe_cap_rows = o->max_tokens * o->moe_top_k;
+        c->moe_ws_bytes = cu_round(cu_moe_ws_need(o));
+        if (!(c->moe_ids = cu_fixed(c, (size_t)c->moe_cap_rows * 4)) || !(c->moe_w = cu_fixed(c, (size_t)c->moe_cap_rows * 4)) ||
+            !(c->moe_ws = cu_fixed(c, c->moe_ws_bytes)))
+            return specd_err_set(err, "arena of %zu bytes cannot hold the MoE routing and workspace (%zu bytes for %d "
+                                      "tokens top %d of %d experts [%d | %d])",
+                                 c->arena_bytes, c->moe_ws_bytes + 2 * (size_t)c->moe_cap_rows * 4, o->max_tokens,
+                                 o->moe_top_k, o->moe_experts, o->moe_hidden, o->moe_inter);
+    }
     if (o->sample_vocab > 0 && cu_sample_reserve(c, cu_sample_base_bytes(o), o->sample_vocab, true) < 0)
         return specd_err_set(err, "arena of %zu bytes cannot hold the sampler's staging and scratch (%zu bytes)",
                              c->arena_bytes, bk_cuda_fixed_bytes(o));

@@ -27,6 +27,9 @@
 
 /* Largest head_dim the CUDA attention kernel takes (kernels/kn_attn.h KN_ATTN_MAX_HEAD_DIM). */
 #define BK_CUDA_MAX_HEAD_DIM 576
+/* Largest kv_lora_rank of the MLA ops (kernels/kn_mla.h KN_MLA_MAX_KVL; the latent kv_lora_rank + rope is bounded
+ * by BK_CUDA_MAX_HEAD_DIM = KN_MLA_MAX_LATENT). */
+#define BK_CUDA_MLA_MAX_KVL 512
 
 typedef struct bk_cuda_opts {
     int device;              /* CUDA device ordinal */
@@ -43,6 +46,11 @@ typedef struct bk_cuda_opts {
                                 first step that samples (then an arena the KV filled can refuse it) */
     int32_t mla_kv_lora_rank; /* DeepSeek-V3 MLA: kv_lora_rank of mla_attention calls (its scratch, with
                                  max_tokens / max_heads / max_len); 0 = no MLA */
+    /* DeepSeek-V3 MoE: the largest routed-expert count, top-k, hidden size and expert width (this rank's
+     * slice) of moe calls. The routing ids / weights ([max_tokens * k]) and kn_moe_experts' workspace for
+     * max_tokens tokens are carved at create from these (and counted by bk_cuda_fixed_bytes); a moe call
+     * beyond them fails naming the bound. All 0 = no MoE (moe calls are refused). */
+    int32_t moe_experts, moe_top_k, moe_hidden, moe_inter;
 } bk_cuda_opts;
 
 /* Device memory the backend carves for itself out of the arena for opts

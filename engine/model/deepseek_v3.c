@@ -5,7 +5,10 @@
  *
  * Owns: the dsv3_state (parsed config, the shard mappings, per-layer weight
  * views, converted copies: f32 norms and router biases, the transposed
- * per-head W_UK blocks of kv_b_proj for absorbed MLA).
+ * per-head W_UK blocks of kv_b_proj for absorbed MLA) and, on a device
+ * backend, the placement (dsv3_place: weights through weight_place, norms and
+ * biases uploaded, the routed experts repacked by moe_place; kv_b_proj stays
+ * a host view, only the host-only naive MLA form reads it).
  * Weights stay in their checkpoint dtype and are used in place: bf16/f16/f32
  * views of the mapping; compressed-tensors int4 experts (weight_packed int32
  * [out, in/8] + weight_scale bf16 [out, in/32] + weight_shape [2]) become
@@ -402,6 +405,7 @@ void dsv3_free(dsv3_state *s) {
     for (int i = 0; i < s->n_owned; i++) free(s->owned[i]);
     free(s->owned);
     free(s->layers);
+    free(s->idx_host);
     st_close(s->st);
     free(s);
 }
@@ -410,6 +414,56 @@ int dsv3_set_mla_absorbed(model *m, bool absorbed) {
     if (!m || !m->ds) return -1;
     m->ds->absorbed = absorbed;
     return 0;
+}
+
+/* ------------------------------------------------------------ placement */
+
+int dsv3_place(model *m, specd_err *err) {
+    dsv3_state *s = m->ds;
+    const hf_config *c = &s->hc;
+    backend *be = m->be;
+    const bool dev = !be->host_visible;
+    if (dev && !(be->ops->moe_place && be->ops->moe && be->ops->mla_attention && be->ops->mla_latent_write))
+        return specd_err_set(err, "DeepSeek-V3 on the %s backend needs its MLA and MoE ops", be->name);
+    if (dev && !m->kv_bf16)
+        return specd_err_set(err, "DeepSeek-V3 on the %s backend keeps the latent cache in bf16", be->name);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        dsv3_layer *Y = &s->layers[l];
+        if (model_vec_place(m, Y->attn_norm, c->hidden, &Y->attn_norm_t, err) < 0 ||
+            model_vec_place(m, Y->ffn_norm, c->hidden, &Y->ffn_norm_t, err) < 0 ||
+            model_vec_place(m, Y->kv_a_norm, c->kv_lora_rank, &Y->kv_a_norm_t, err) < 0 ||
+            (c->q_lora_rank > 0 && model_vec_place(m, Y->q_a_norm, c->q_lora_rank, &Y->q_a_norm_t, err) < 0) ||
+            (Y->moe && model_vec_place(m, Y->router_bias, c->n_routed_experts, &Y->router_bias_t, err) < 0))
+            return specd_err_wrap(err, "layer %d", l);
+        if (!dev) continue; /* host-visible: the loader's views are the backend's tensors (zero copies) */
+        /* kv_b stays a host view: only the naive MLA form reads it, and that form is host-only */
+        bk_weight *ws[8];
+        int nw = 0;
+        if (c->q_lora_rank > 0) ws[nw++] = &Y->q_a;
+        ws[nw++] = &Y->q_b, ws[nw++] = &Y->kv_a, ws[nw++] = &Y->o;
+        if (!Y->moe || Y->has_shared) ws[nw++] = &Y->gate, ws[nw++] = &Y->up, ws[nw++] = &Y->down;
+        if (Y->moe) ws[nw++] = &Y->router;
+        for (int i = 0; i < nw + 2 * m->nh_l; i++) { /* then the absorbed per-head blocks W_UK_h^T, W_UV_h */
+            bk_weight *w = i < nw ? ws[i] : (i - nw) % 2 ? &Y->w_uv[(i - nw) / 2] : &Y->w_uk_t[(i - nw) / 2];
+            if (be->ops->weight_place(be->ctx, w, w) < 0)
+                return specd_err_set(err, "placing layer %d's weights in %s memory", l, be->name);
+        }
+        if (Y->moe && be->ops->moe_place(be->ctx, c->n_routed_experts, Y->ex_gate, Y->ex_up, Y->ex_down, &Y->ex_dev) < 0)
+            return specd_err_set(err, "layer %d: placing %d routed experts in %s memory failed (int4 group-32 "
+                                      "experts only; the log has the reason)", l, c->n_routed_experts, be->name);
+    }
+    return 0;
+}
+
+void dsv3_unplace(model *m) {
+    if (!m->ds || !m->be) return;
+    for (int32_t l = 0; l < m->ds->hc.n_layers; l++) {
+        bk_moe_experts *x = &m->ds->layers[l].ex_dev;
+        if (!x->w13) continue;
+        void *p[4] = {x->w13, x->s13, x->w2, x->s2};
+        for (int i = 0; i < 4; i++) m->be->ops->buf_free(m->be->ctx, p[i]);
+        *x = (bk_moe_experts){0};
+    }
 }
 
 /* ------------------------------------------------------------ tensor parallelism */

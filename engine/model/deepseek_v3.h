@@ -45,7 +45,12 @@ typedef struct dsv3_layer {
     bool has_shared;
     bk_weight router;              /* [E, H] mlp.gate.weight */
     float *router_bias;            /* f32 [E] e_score_correction_bias (selection only) */
-    bk_weight *ex_gate, *ex_up, *ex_down; /* [E] each: [Im, H], [Im, H], [H, Im] */
+    bk_weight *ex_gate, *ex_up, *ex_down; /* [E] each: [Im, H], [Im, H], [H, Im] (host views) */
+    /* In backend memory (dsv3_place; zero-copy wraps on host-visible backends): */
+    bk_tensor attn_norm_t, ffn_norm_t, q_a_norm_t, kv_a_norm_t; /* [1, H], [1, H], [1, q_lora], [1, kvl] */
+    bk_tensor router_bias_t;       /* [1, E] */
+    bk_moe_experts ex_dev;         /* the routed experts in the backend's layout (moe_place), or zeroed: the
+                                      CPU path (moe_forward over the host views) */
 } dsv3_layer;
 
 typedef struct dsv3_state {
@@ -57,6 +62,9 @@ typedef struct dsv3_state {
     bool absorbed;                 /* MLA form used for every token (see dsv3_set_mla_absorbed) */
     void **owned;                  /* converted copies freed with the state */
     int n_owned;
+    int32_t *idx_host;             /* the forward's row-gather index lists (deepseek_v3_fwd.c ds_idx), host,
+                                      grown to the largest step */
+    size_t idx_cap;                /* entries */
 } dsv3_state;
 
 /* Chooses the MLA form for all later forward passes: absorbed (default:

@@ -65,9 +65,7 @@ int model_vec_place(model *m, float *host, int64_t n, bk_tensor *out, specd_err 
     return 0;
 }
 
-/* Llama layers' weights and norms; DeepSeek-V3 runs on host-visible backends
- * only for now (its MLA / MoE parts have no device ops yet), so its tensors
- * stay where the loader put them. */
+/* The layers' weights and norms (DeepSeek-V3's: dsv3_place). */
 int model_place(model *m, specd_err *err) {
     const model_config *c = &m->cfg;
     const backend *be = m->be;
@@ -87,12 +85,7 @@ int model_place(model *m, specd_err *err) {
         m->lm_head.rows = head_rows;
     } else if (be->ops->weight_place(be->ctx, &m->lm_head, &m->lm_head) < 0)
         return specd_err_set(err, "placing the LM head");
-    if (c->arch != MODEL_ARCH_LLAMA) {
-        if (!be->host_visible)
-            return specd_err_set(err, "DeepSeek-V3 runs on host-visible backends only (the %s backend has no MLA / "
-                                      "MoE ops yet)", be->name);
-        return 0;
-    }
+    if (c->arch != MODEL_ARCH_LLAMA) return dsv3_place(m, err);
     for (int32_t l = 0; l < c->n_layers; l++) {
         llama_layer *L = &m->layers[l];
         bk_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wgate, &L->wup, &L->wdown};
@@ -178,7 +171,8 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
                 goto fail;
             goto loaded;
         }
-        m->kv_bf16 = opts && opts->latent_bf16;
+        /* the latent cache in bf16 where asked, and always on a device backend (kn_mla reads bf16 only) */
+        m->kv_bf16 = (opts && opts->latent_bf16) || !be->host_visible;
         if (dsv3_load(m, &hc, err) < 0 || model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
         goto loaded;
     }
@@ -212,6 +206,7 @@ void model_destroy(model *m) {
     for (int i = 0; i < m->n_placed; i++) bk_tensor_free(m->be, &m->placed[i]);
     free(m->placed);
     model_graphs_release(m);
+    dsv3_unplace(m);
     if (m->be) {
         m->be->ops->buf_free(m->be->ctx, m->kv);
         m->be->ops->buf_free(m->be->ctx, m->ws);

@@ -1,9 +1,10 @@
 /*
- * model_graph.c: CUDA graphs of the Llama forward: capture per batch bucket,
+ * model_graph.c: CUDA graphs of the target's forward (Llama, and DeepSeek-V3 /
+ * Kimi: deepseek_v3_fwd.c runs the same three phases): capture per batch bucket,
  * padding, replay (model.h model_graphs_capture; docs/engine.md "CUDA
  * graphs").
  *
- * What a graph is. The ops of llama_forward's MODEL_PH_RUN phase (embedding
+ * What a graph is. The ops of the forward's MODEL_PH_RUN phase (embedding
  * to LM head) captured on the backend's stream for a step of exactly
  * T = B * q token rows and S = B + 1 sequences: every buffer they touch is
  * fixed (the workspace and the output region are grown to their largest
@@ -115,6 +116,11 @@ static model_batch graph_batch(struct model_graphs *gr, const model_graph *g, co
     return p;
 }
 
+/* The architecture's forward (its phases: MODEL_PH_*). */
+static int model_arch_forward(model *m, const model_batch *b, specd_err *err) {
+    return m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_forward(m, b, err) : llama_forward(m, b, err);
+}
+
 static int graph_capture_one(model *m, model_graph *g, specd_err *err) {
     struct model_graphs *gr = m->gr;
     const bk_graph_ops *go = m->be->ops->graph;
@@ -123,16 +129,16 @@ static int graph_capture_one(model *m, model_graph *g, specd_err *err) {
     int rc = -1;
     go->fixed_shape(bx, true);
     m->ph = MODEL_PH_UP; /* uploads happen before the capture opens */
-    if (llama_forward(m, &p, err) < 0) goto out;
+    if (model_arch_forward(m, &p, err) < 0) goto out;
     if (go->begin(bx) < 0) {
         specd_err_set(err, "%s backend: graph capture could not begin", m->be->name);
         goto release;
     }
     m->ph = MODEL_PH_RUN;
-    const int run = llama_forward(m, &p, err);
+    const int run = model_arch_forward(m, &p, err);
     void *exec = NULL;
     const int end = go->end(bx, &exec); /* always closes the capture */
-    if (run < 0) { /* llama_forward released the metadata */
+    if (run < 0) { /* the forward released the metadata */
         go->destroy(bx, exec);
         goto out;
     }
@@ -160,8 +166,7 @@ static int graph_cmp(const void *a, const void *b) {
 int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
     const bk_graph_ops *go = m->be->ops->graph;
     if (!go) return specd_err_set(err, "the %s backend has no graphs", m->be->name);
-    if (m->cfg.arch != MODEL_ARCH_LLAMA || m->tp_size > 1)
-        return specd_err_set(err, "graphs are captured for Llama-family models at TP 1 only");
+    if (m->tp_size > 1) return specd_err_set(err, "graphs are captured at TP 1 only");
     if (m->gr) return specd_err_set(err, "graphs already captured");
     if (!o || o->n_buckets <= 0 || o->n_q <= 0 || o->max_seqs <= 1 || o->max_tokens <= 0 || o->n_aux < 0 ||
         o->n_aux > 8)
@@ -203,8 +208,10 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
      * release the graphs): the largest eager step (all rows output, aux) and the largest graph step */
     const int32_t Tmax = o->max_step_tokens > gr->max_T ? o->max_step_tokens : gr->max_T;
     const int64_t qd = (int64_t)m->nh_l * m->cfg.head_dim, kvd = (int64_t)m->nkv_l * m->cfg.head_dim;
-    const size_t ws = (size_t)Tmax * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)m->ffn_l + 1 +
-                                              (int64_t)o->n_aux * H) + 11 * BK_TAKE_SLACK;
+    const size_t ws = m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3
+                          ? dsv3_workspace_floats(m, Tmax, o->n_aux)
+                          : (size_t)Tmax * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)m->ffn_l + 1 +
+                                                    (int64_t)o->n_aux * H) + 11 * BK_TAKE_SLACK;
     const size_t n_pad = ((size_t)Tmax + 15) & ~(size_t)15, xn_pad = ((size_t)Tmax * H + 15) & ~(size_t)15;
     const size_t wo = n_pad + xn_pad + (size_t)Tmax * V + 16;
     if (!model_workspace(m, ws) || !model_workspace_out(m, wo)) { /* before m->gr is set (model_grow) */
@@ -273,7 +280,7 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
     go->fixed_shape(bx, true);
     m->ph = MODEL_PH_UP;
     m->ph_rows_down = T;
-    int rc = llama_forward(m, &p, err);
+    int rc = model_arch_forward(m, &p, err);
     go->fixed_shape(bx, false);
     if (rc < 0) goto out;
     if (go->launch(bx, g->exec) < 0) {
@@ -285,7 +292,7 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
         goto out;
     }
     m->ph = MODEL_PH_DOWN;
-    rc = llama_forward(m, &p, err);
+    rc = model_arch_forward(m, &p, err);
     if (rc == 0) {
         gr->st.replays++;
         gr->st.padded_rows += g->T - T;

@@ -133,7 +133,14 @@ int llama_forward(model *m, const model_batch *b, specd_err *err);
 struct hf_config;
 int dsv3_load(model *m, const struct hf_config *hc, specd_err *err);
 int dsv3_forward(model *m, const model_batch *b, specd_err *err);
+/* Workspace floats dsv3_forward takes for a T-token step with n_aux aux layers on a device backend (the
+ * graphs' pre-sizing: model_graph.c). */
+size_t dsv3_workspace_floats(const model *m, int32_t T, int32_t n_aux);
 void dsv3_free(struct dsv3_state *s); /* NULL ok */
+/* deepseek_v3.c: makes the layers' weights, norms and router biases backend-resident (model_place's
+ * DeepSeek-V3 part; the routed experts through moe_place where the backend has it). */
+int dsv3_place(model *m, specd_err *err);
+void dsv3_unplace(model *m); /* frees what moe_place put in backend memory (model_destroy) */
 int32_t dsv3_rope_dim(const struct dsv3_state *s); /* qk_rope_head_dim: the rotated dims per head */
 
 #endif

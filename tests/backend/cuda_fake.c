@@ -51,14 +51,17 @@ int fake_graphs_alive;
 
 typedef enum fake_op {
     FK_MATMUL, FK_EMBED, FK_RMSNORM, FK_ADD_RMSNORM, FK_ROPE, FK_SILU_MUL, FK_ADD, FK_ADD_BIAS, FK_COPY_ROWS,
-    FK_KV_WRITE, FK_ATTENTION, FK_ARGMAX,
+    FK_KV_WRITE, FK_ATTENTION, FK_ARGMAX, FK_MLA_WRITE, FK_MLA_ATTENTION, FK_MOE_ROUTE, FK_MOE_EXPERTS,
 } fake_op;
 typedef struct fake_node { /* one recorded launch: the arguments by value */
     fake_op op;
     kn_weight w;
     kn_paged_kv kv;
     kn_attn_batch b;
-    void *p[5];
+    kn_mla_cache mc;       /* FK_MLA_* */
+    kn_moe_route_cfg rc;   /* FK_MOE_ROUTE */
+    kn_moe_weights mw;     /* FK_MOE_EXPERTS */
+    void *p[8];
     int64_t i[6];
     float f[2];
 } fake_node;
@@ -476,6 +479,7 @@ static int fake_mla_meta(const kn_mla_cache *c, const kn_attn_batch *b, bk_attn_
 }
 int kn_mla_latent_write(const kn_mla_cache *c, const kn_attn_batch *b, const float *lat, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_MLA_WRITE, .mc = *c, .b = *b, .p = {(void *)lat});
     fake_kn_calls++;
     const int32_t *rows[256];
     bk_attn_meta m;
@@ -493,6 +497,8 @@ size_t kn_mla_scratch_bytes(int32_t T, int32_t nh, int32_t max_len, int32_t kvl)
 int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float *q, int32_t nh, float scale,
                      float *out, void *scratch, size_t scratch_bytes, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_MLA_ATTENTION, .mc = *c, .b = *b, .p = {(void *)q, out, scratch},
+                .i = {nh, (int64_t)scratch_bytes}, .f = {scale});
     fake_kn_calls++;
     const int32_t *rows[256];
     bk_attn_meta m;
@@ -514,6 +520,7 @@ int kn_mla_attention(const kn_mla_cache *c, const kn_attn_batch *b, const float 
 int kn_moe_route(const float *logits, const float *bias, int32_t T, const kn_moe_route_cfg *cfg, int32_t *ids,
                  float *w, void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_MOE_ROUTE, .rc = *cfg, .p = {(void *)logits, (void *)bias, ids, w}, .i = {T});
     fake_kn_calls++;
     F32(logits, (size_t)T * cfg->E); F32(bias, cfg->E); DEV(ids, (size_t)T * cfg->k * 4); F32(w, (size_t)T * cfg->k);
     hf_config c = {0};
@@ -538,6 +545,8 @@ int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids,
                    int32_t k, const float *shared, void *ws, size_t ws_bytes, float *y, int32_t *bad_flag,
                    void *stream) {
     (void)stream;
+    FAKE_LAUNCH(.op = FK_MOE_EXPERTS, .mw = *wt, .p = {(void *)x, (void *)ids, (void *)wts, (void *)shared, ws, y, bad_flag},
+                .i = {T, k, (int64_t)ws_bytes});
     fake_kn_calls++;
     const int32_t E = wt->E, H = wt->H, I = wt->I;
     DEV(wt->w13, kn_moe_w13_words(E, H, I) * 4); DEV(wt->s13, kn_moe_s13_count(E, H, I) * 2);
@@ -659,6 +668,15 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
             rc = kn_attention(&n->kv, &n->b, p[0], (int32_t)i[0], n->f[0], p[1], p[2], (size_t)i[1], st);
             break;
         case FK_ARGMAX: rc = kn_argmax(p[0], (int32_t)i[0], (int32_t)i[1], p[1], (int)i[2], p[2], st); break;
+        case FK_MLA_WRITE: rc = kn_mla_latent_write(&n->mc, &n->b, p[0], st); break;
+        case FK_MLA_ATTENTION:
+            rc = kn_mla_attention(&n->mc, &n->b, p[0], (int32_t)i[0], n->f[0], p[1], p[2], (size_t)i[1], st);
+            break;
+        case FK_MOE_ROUTE: rc = kn_moe_route(p[0], p[1], (int32_t)i[0], &n->rc, p[2], p[3], st); break;
+        case FK_MOE_EXPERTS:
+            rc = kn_moe_experts(&n->mw, p[0], p[1], p[2], (int32_t)i[0], (int32_t)i[1], p[3], p[4], (size_t)i[2], p[5],
+                                p[6], st);
+            break;
         }
     }
     fake_replaying--;

@@ -27,7 +27,8 @@
  * y += ye * w in ascending expert id; y += shared): random int4 experts
  * (every nibble, bf16 scales in [2^-8, 2^-6)), two configs (16 experts top 4
  * with 4 groups / 2 kept, norm, scale 2.5, a shared expert; 8 experts top 2,
- * no groups, no norm, no shared), T = 1, 5, 33 (the op's buffers grow): on a
+ * no groups, no norm, no shared), T = 1, 5, 33 (the op's buffers are carved at create from the opts'
+ * MoE bounds; a 257-token call beyond them is refused): on a
  * GPU NMSE <= 1e-9 and max|diff| <= 1e-4 max|y| (kn_moe's bounds: f32
  * activations, the same bf16 dequantised values, different summation order);
  * a non-int4 expert is refused by moe_place.
@@ -270,6 +271,15 @@ static void test_moe(const moe_case *mc) {
         bk_tensor_free(dev, &dx), bk_tensor_free(dev, &dl), bk_tensor_free(dev, &ds), bk_tensor_free(dev, &dy);
         free(x), free(lg), free(sh), free(yr), free(yd);
     }
+    { /* a step beyond the backend's bounds (256 tokens) is refused, not grown into */
+        const int32_t T = 257;
+        bk_tensor dx = {0}, dl = {0}, dy = {0};
+        bk_tensor_alloc(dev, BK_F32, T, H, &dx), bk_tensor_alloc(dev, BK_F32, T, E, &dl);
+        bk_tensor_alloc(dev, BK_F32, T, H, &dy);
+        EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, NULL, &dy) == -1,
+               "%s: a %d-token moe call beyond the backend's 256 tokens must be refused", mc->name, T);
+        bk_tensor_free(dev, &dx), bk_tensor_free(dev, &dl), bk_tensor_free(dev, &dy);
+    }
     bk_tensor_free(dev, &dbias);
     dev->ops->buf_free(dev->ctx, ex.w13), dev->ops->buf_free(dev->ctx, ex.s13);
     dev->ops->buf_free(dev->ctx, ex.w2), dev->ops->buf_free(dev->ctx, ex.s2);
@@ -289,7 +299,9 @@ int main(void) {
     cpu = bk_cpu_create(2);
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 256, .max_seqs = 4,
                       .max_len = 256, .block_size = BS, .max_heads = 8, .max_head_dim = 576,
-                      .mla_kv_lora_rank = 512};
+                      .mla_kv_lora_rank = 512,
+                      /* the MoE bounds: the largest of the two cases below (routing + workspace carved at create) */
+                      .moe_experts = 16, .moe_top_k = 4, .moe_hidden = 256, .moe_inter = 64};
     specd_err err = {0};
     dev = bk_cuda_create(&o, &err);
     if (!cpu || !dev) {

@@ -29,6 +29,17 @@
  *     and correct (a random-weight head accepts almost nothing; this covers
  *     acceptance on the MLA/MoE target).
  * After each run every KV block is back in the pool.
+ * Built a second time as kimi_c_spec_on_fake (tests/backend/cuda_fake.c):
+ * target AND head on the fake CUDA device (the target's forward on device
+ * tensors, its latent cache in bf16, the head's weights / KV / buffers in the
+ * arena); the reference is plain greedy by the same device model, run
+ * eagerly, and the engine's steps then replay CUDA graphs (buckets 1, 2, 4,
+ * 8 x 1 and 4 tokens, with the head's aux layers), so speculative through
+ * graphs == eager plain holds whatever the device's arithmetic as long as it
+ * is batch-invariant (issue 19).
+ * And a third time as the GPU test cuda_kimi_spec (label gpu, KC_SPEC_CUDA:
+ * the same on the real CUDA backend; exits 77 without a GPU; with the random
+ * head OUT/head where the built one is absent, as on the GPU machine).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +52,15 @@
 #include "engine/runtime/engine_ex.h"
 #include "engine/runtime/proposer.h"
 #include "tests/kimi_c/kimi_c_util.h"
+#if defined(bk_cuda_create) || defined(KC_SPEC_CUDA) /* the fake device (cuda_fake renamed the backend), or a GPU */
+#include "engine/backend/cuda_backend.h"
+#define KC_ON_DEVICE 1
+#else
+#define KC_ON_DEVICE 0
+#endif
+#ifdef bk_cuda_create
+extern int fake_violations;
+#endif
 
 #define NREQ 8
 #define MAX_NEW 16
@@ -162,7 +182,7 @@ static const spec_proposer_ops ck_ops = {.aux_layers = ck_aux, .extend = ck_exte
  * every output against the reference and the pool against leaks. */
 static void run(spec_proposer *p, int nreq, int32_t k, engine_stats *st) {
     engine_runner rn = {.ctx = g_model, .forward = real_forward, .vocab = V, .hidden = model_get_config(g_model)->hidden,
-                        .block_size = BS, .n_blocks = NBLK};
+                        .block_size = BS, .n_blocks = model_kv_n_blocks(g_model)}; /* less the graphs' padding block */
     engine_detok d = {.stream_create = dt_create, .stream_destroy = dt_destroy, .push = dt_push, .flush = dt_flush};
     engine_config cfg = {.max_model_len = 128, .max_num_seqs = 8, .max_num_batched_tokens = 48, .max_waiting = 64,
                          .num_speculative_tokens = k};
@@ -242,6 +262,7 @@ static void test_eagle3_head(void **stt) {
                                  : "EAGLE-3 random head, k=3, 8 concurrent"};
     for (int b = 0; b < 2; b++) {
         eagle3_opts o = {0};
+        if (KC_ON_DEVICE) o.max_rows = 48, o.max_seqs = 8, o.max_k = 3; /* the head's buffers on the device */
         spec_proposer *p = NULL;
         if (eagle3_load(head, g_model, &o, &p, &err) != 0) fail_msg("eagle3_load: %s", err.msg);
         int32_t layers[8];
@@ -315,7 +336,25 @@ static void test_oracle(void **stt) {
 
 int main(void) {
     const char *dir = kc_mini_dir("k25");
+#if KC_ON_DEVICE
+    char why[256];
+    if (bk_cuda_probe(0, why, sizeof why) != 0) {
+        printf("SKIP: no usable GPU: %s\n", why);
+        return 77;
+    }
+    const bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)512 << 20, .max_tokens = 64, .max_seqs = 9,
+                             .max_len = 128, .block_size = BS, .max_heads = 4, .max_head_dim = 48,
+                             .mla_kv_lora_rank = 32, .moe_experts = 16, .moe_top_k = 4, .moe_hidden = 128,
+                             .moe_inter = 64};
+    specd_err cerr = {{0}};
+    g_be = bk_cuda_create(&co, &cerr);
+    if (!g_be) {
+        fprintf(stderr, "fake cuda backend: %s\n", cerr.msg);
+        return 1;
+    }
+#else
     g_be = bk_cpu_create(0);
+#endif
     model_load_opts lo = {.block_size = BS, .n_blocks = NBLK};
     specd_err err = {{0}};
     if (model_load(dir, g_be, &lo, &g_model, &err) != 0) {
@@ -344,13 +383,44 @@ int main(void) {
         reference_decode(r);
     }
     json_decref(fx);
+#if KC_ON_DEVICE
+    /* the engine's steps as CUDA graphs (model_graph.c; the aux of the head's layers {1, 3, 5} captured): the
+     * references above ran eagerly, so speculative greedy through the graphs == eager plain greedy */
+    const int32_t buckets[4] = {1, 2, 4, 8}, qs[2] = {1, 4}, aux_layers[3] = {1, 3, 5};
+    const model_graph_opts go = {.buckets = buckets, .n_buckets = 4, .q = qs, .n_q = 2, .n_aux = 3,
+                                 .aux_layers = aux_layers, .max_step_tokens = 64, .max_seqs = 9, .max_tokens = 48};
+    if (model_graphs_capture(g_model, &go, &err) != 0) {
+        fprintf(stderr, "graph capture: %s\n", err.msg);
+        return 1;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eagle3_head),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_oracle),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+#if KC_ON_DEVICE
+    model_graph_stats gst;
+    model_graph_get_stats(g_model, &gst);
+    printf("kimi_c_spec: CUDA graphs: %d captured, %ld steps replayed (%ld padding rows), %ld eager\n", gst.n_graphs,
+           gst.replays, gst.padded_rows, gst.eager);
+    if (gst.n_graphs != 8 || gst.replays == 0) {
+        fprintf(stderr, "expected 8 graphs and replayed steps\n");
+        rc = 1;
+    }
+#endif
     model_destroy(g_model);
+#if KC_ON_DEVICE
+    bk_cuda_destroy(g_be);
+#ifdef bk_cuda_create
+    if (fake_violations) {
+        fprintf(stderr, "%d host pointers reached the fake kernels\n", fake_violations);
+        rc = 1;
+    }
+#endif
+#else
     bk_cpu_destroy(g_be);
+#endif
     return rc;
 }
