@@ -48,9 +48,9 @@ def skip(why):
     sys.exit(77)
 
 
-def gpu_reason():
-    """None when `serve --check-config --device cuda` passes (a usable GPU), else its reason."""
-    p = subprocess.run([sp.SPECD, "serve", sp.MODEL, "--check-config", "--device", "cuda"], capture_output=True,
+def gpu_reason(model):
+    """None when `serve MODEL --check-config --device cuda` passes (a usable GPU), else its reason."""
+    p = subprocess.run([sp.SPECD, "serve", model, "--check-config", "--device", "cuda"], capture_output=True,
                        text=True, timeout=120)
     if p.returncode == 0:
         return None
@@ -106,7 +106,7 @@ def refuses(args, want, model=None):
 def main_cpu():
     if not sp.have_specd_and_model():
         skip(f"need {sp.SPECD} and {sp.MODEL}")
-    why = gpu_reason()
+    why = gpu_reason(sp.MODEL)
     if why is None:
         skip("a GPU is usable here: server_tp_cuda_gpu (--gpu) runs instead")
     common = ["--threads", "1", "--max-model-len", "256", "--kv-cache-memory", "16M"]
@@ -190,10 +190,13 @@ def main_gpu():
         skip(f"need {sp.SPECD}")
     if not os.path.exists(os.path.join(MINI, "tokenizer.json")):
         skip(f"need {MINI} (tools/gen_llama_hf_mini.py)")
-    why = gpu_reason()
+    # SPECD_TP_TEST_DEVICE=cpu: a dry run of this script's logic on the CPU (shm only)
+    dev = os.environ.get("SPECD_TP_TEST_DEVICE", "cuda")
+    why = gpu_reason(MINI) if dev == "cuda" else None
     if why is not None:
         skip(f"no usable GPU: {why}")
-    common = ["--device", "cuda", "--gpu-memory-utilization", "0.2", "--max-model-len", "512", "--threads", "1",
+    comms = ("cuda_ipc", "shm") if dev == "cuda" else ("shm", "auto")
+    common = ["--device", dev, "--gpu-memory-utilization", "0.2", "--max-model-len", "512", "--threads", "1",
               "--served-model-name", "mini", "--max-num-seqs", "8"]
     s1 = sp.Server(common, model=MINI)
     try:
@@ -202,15 +205,15 @@ def main_gpu():
     finally:
         s1.stop()
     res = {}
-    for comm in ("cuda_ipc", "shm"):
+    for comm in comms:
         s = sp.Server([*common, "--tensor-parallel-size", "2", "--tp-comm", comm], model=MINI)
         try:
             got = [complete(s, p) for p in PROMPTS]
             for i, g in enumerate(got):
                 compare_tp1(f"TP 2 {comm} prompt {i}", ref[i], g)
-            if comm == "cuda_ipc":
+            if comm == comms[0]:
                 again = [complete(s, p) for p in PROMPTS]
-                assert again == got, "TP 2 cuda_ipc: a rerun differs (not deterministic)"
+                assert again == got, f"TP 2 {comm}: a rerun differs (not deterministic)"
                 openai_checks(s, got[0][3])
                 m = s.metrics()
                 for r in (0, 1):
@@ -218,15 +221,15 @@ def main_gpu():
                     assert wb and kv and wb > 0 and kv > 0, (r, wb, kv)
                     assert not w1 or wb < w1, f"rank {r} weights {wb} not below TP 1's {w1}"
                 log = s.read_log(200000)
-                for r in (0, 1):
+                for r in (0, 1) if dev == "cuda" else ():
                     assert re.search(rf"rank {r}/2 on GPU \d+ .*cuda plan:", log), f"no cuda plan line of rank {r}"
             res[comm] = got
         finally:
             rc = s.stop()
         assert rc == 0, f"TP 2 {comm}: exit {rc}"
-    assert res["cuda_ipc"] == res["shm"], "cuda_ipc and shm differ (both must be the rank-order f32 sum)"
-    print(f"TP 2 on one GPU: {len(PROMPTS)} prompts x {MAX_TOK} greedy tokens vs TP 1 ok; cuda_ipc == shm bit for "
-          "bit (tokens, logprobs); rerun identical")
+    assert res[comms[0]] == res[comms[1]], f"{comms[0]} and {comms[1]} differ (both must be the rank-order f32 sum)"
+    print(f"TP 2 on {dev} (one device): {len(PROMPTS)} prompts x {MAX_TOK} greedy tokens vs TP 1 ok; {comms[0]} == "
+          f"{comms[1]} bit for bit (tokens, logprobs); rerun identical")
 
 
 if __name__ == "__main__":
