@@ -23,6 +23,12 @@
  *   - no host pointer reached a device op on rank 0 (fake_violations) nor on
  *     any worker (a worker with a violation exits 1, which ranks_shutdown
  *     reports);
+ *   - SmolLM2 at TP 3 on the fake device with the committed EAGLE-3 head
+ *     whole on a CPU backend of rank 0 (the bundle's wiring at --device cuda
+ *     --tensor-parallel-size N with a draft: aux features downloaded from
+ *     rank 0's device forward, the target's host views): greedy speculative
+ *     decoding (k = 1, 3) of 24 tokens of a chat prompt == plain greedy at the
+ *     same TP, and every draft == the drafts next to CPU TP 3;
  *   - a worker whose device fails to start (device 1 of a one-device fake)
  *     aborts the group with its reason: rank 0's first step fails naming it
  *     within 5 s, and the group is reaped (no hang).
@@ -39,6 +45,9 @@
 #include "engine/backend/cuda_backend.h"
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
+#include "draft/eagle3.h"
+#include "engine/loader/gguf.h"
+#include "engine/tokenizer/tokenizer.h"
 
 extern int fake_violations;
 
@@ -219,6 +228,105 @@ static void check_model(const char *name, const char *path, int N, bool greedy_t
     free(l1), free(lc), free(lf);
 }
 
+/* Greedy speculative decoding at TP N with the target on the fake device and the EAGLE-3 head whole on a CPU
+ * backend of rank 0 (what the bundle does at --device cuda --tensor-parallel-size N with a draft): the aux
+ * features rank 0's device forward downloads, the target's host views (embedding, the whole LM head). GEN
+ * tokens of one sequence at k: must equal plain greedy at the same TP token for token. */
+enum { GEN = 24 };
+static int spec_step(run *r, const int32_t *tok, int n, int32_t pos0, float *lg, const int32_t *layers, float *aux,
+                     specd_err *err) {
+    int32_t pos[32], seq[32] = {0}, out[32];
+    for (int i = 0; i < n; i++) pos[i] = pos0 + i, out[i] = i;
+    model_batch b = {.n_tokens = n, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = NSEQ, .block_tables = tables,
+                     .n_out = n, .out_idx = out, .logits = lg, .n_aux = aux ? 3 : 0, .aux_layers = layers, .aux = aux};
+    return r->rk ? tp_runner_forward(&r->tr, &b, err) : model_forward(r->m, &b, err);
+}
+
+/* props: [n_ks][GEN * 8] every draft proposed (-1 past the end), for the comparison across kinds. */
+static void check_spec(const char *gguf, const char *head, int N, const char *kind, const int32_t *ks, int n_ks,
+                       int32_t *props) {
+    specd_err err = {{0}};
+    run r;
+    memset(props, 0xff, sizeof(int32_t) * (size_t)n_ks * GEN * 8);
+    if (run_open(&r, gguf, N, kind, &err) < 0) {
+        EXPECT(0, "spec at TP %d: %s", N, err.msg);
+        run_close(&r, &err);
+        return;
+    }
+    const int V = model_get_config(r.m)->vocab, H = model_get_config(r.m)->hidden;
+    int32_t prompt[20], plain[GEN], layers[8];
+    { /* a chat prompt of 20 tokens (the head was trained on chats: it accepts drafts there) */
+        static const char text[] = "<|im_start|>user\nWhat is the capital of France? Answer in one short sentence."
+                                   "<|im_end|>\n<|im_start|>assistant\n";
+        gguf_file *g = NULL;
+        tokenizer *tk = NULL;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (gguf_open(gguf, &g, &err) < 0 || tok_create_from_gguf(g, &tk, &err) < 0 ||
+            tok_encode(tk, text, sizeof text - 1, true, &ids, &n, &err) < 0 || n < 20) {
+            EXPECT(0, "tokenizing the prompt: %s (%zu tokens)", err.msg, n);
+            n = 0;
+        }
+        for (int i = 0; i < 20; i++) prompt[i] = n ? ids[n - 20 + (size_t)i] : 1; /* its last 20 tokens */
+        free(ids);
+        tok_destroy(tk);
+        gguf_close(g);
+    }
+    float *lg = malloc(sizeof(float) * 32 * (size_t)V), *aux = malloc(sizeof(float) * 32 * 3 * (size_t)H);
+    /* plain greedy */
+    int ok = spec_step(&r, prompt, 20, 0, lg, NULL, NULL, &err) == 0;
+    for (int i = 0; ok && i < GEN; i++) {
+        plain[i] = argmax(i ? lg : lg + (size_t)19 * V, V);
+        ok = spec_step(&r, &plain[i], 1, 20 + i, lg, NULL, NULL, &err) == 0;
+    }
+    EXPECT(ok, "plain greedy at TP %d: %s", N, err.msg);
+    backend *dcpu = bk_cpu_create(1);
+    for (int ki = 0; ok && ki < n_ks; ki++) {
+        int32_t k = ks[ki], out[GEN + 8], n_out = 0, n_acc = 0, n_steps = 0;
+        spec_proposer *sp = NULL;
+        eagle3_opts o = {.n_blocks = 16, .be = dcpu, .max_rows = 32, .max_seqs = 4};
+        if (eagle3_load(head, r.m, &o, &sp, &err) < 0) {
+            EXPECT(0, "eagle3_load next to the TP %d device target: %s", N, err.msg);
+            break;
+        }
+        sp->ops->aux_layers(sp->ctx, layers);
+        ok = spec_step(&r, prompt, 20, 0, lg, layers, aux, &err) == 0;
+        int32_t x = argmax(lg + (size_t)19 * V, V), mpos = 20;
+        ok = ok && sp->ops->extend(sp->ctx, 1, prompt, 20, 0, aux, &err) == 0 &&
+             sp->ops->extend(sp->ctx, 1, &x, 1, 20, NULL, &err) == 0;
+        out[n_out++] = x;
+        while (ok && n_out < GEN) {
+            int64_t id = 1;
+            int32_t d[8], batch[9];
+            float t0 = 0.0f;
+            ok = sp->ops->propose(sp->ctx, &id, &k, 1, k, &t0, d, NULL, &err) == 0;
+            batch[0] = x;
+            for (int j = 0; j < k; j++) batch[1 + j] = d[j], props[(size_t)ki * GEN * 8 + (size_t)n_steps * k + (size_t)j] = d[j];
+            ok = ok && spec_step(&r, batch, k + 1, mpos, lg, layers, aux, &err) == 0;
+            if (!ok) break;
+            int32_t a = 0;
+            while (a < k && argmax(lg + (size_t)a * V, V) == d[a]) a++;
+            const int32_t bonus = argmax(lg + (size_t)a * V, V);
+            ok = sp->ops->extend(sp->ctx, 1, batch, a + 1, mpos, aux, &err) == 0 &&
+                 sp->ops->extend(sp->ctx, 1, &bonus, 1, mpos + a + 1, NULL, &err) == 0;
+            for (int j = 0; j < a && n_out < GEN; j++) out[n_out++] = d[j];
+            if (n_out < GEN) out[n_out++] = bonus;
+            n_acc += a, n_steps++;
+            mpos += a + 1;
+            x = bonus;
+        }
+        EXPECT(ok, "speculative greedy at TP %d, k = %d: %s", N, k, err.msg);
+        EXPECT(!memcmp(out, plain, sizeof plain), "TP %d k = %d: speculative greedy differs from plain greedy", N, k);
+        printf("smollm2  TP %d, target on %s, head on rank 0's CPU, k = %d: %d tokens == plain greedy "
+               "(%d verify steps, %d drafts accepted)\n", N, strcmp(kind, "cpu") ? "the fake device" : "the CPU", k, GEN,
+               n_steps, n_acc);
+        eagle3_destroy(sp);
+    }
+    bk_cpu_destroy(dcpu);
+    free(lg), free(aux);
+    EXPECT(run_close(&r, &err) == 0, "spec TP %d shutdown: %s", N, err.msg);
+}
+
 /* A worker whose device fails to start: rank 0 fails at its first collective with the reason, no hang. */
 static void check_bad_device(const char *path) {
     specd_err err = {{0}};
@@ -259,8 +367,21 @@ int main(int argc, char **argv) {
     snprintf(p, sizeof p, "%s/mistral", mini);
     check_model("mistral", p, 2, true);
     check_model("mistral", p, 4, true);
-    if (gguf) check_model("smollm2", gguf, 3, false);
-    else printf("SmolLM2: SPECD_MODEL_GGUF not set, skipped\n");
+    if (gguf) {
+        check_model("smollm2", gguf, 3, false);
+        const char *src = getenv("SPECD_SOURCE_DIR");
+        snprintf(p, sizeof p, "%s/draft/heads/smollm2-135m-eagle3", src ? src : ".");
+        const int32_t ks[2] = {1, 3};
+        int32_t *pc = malloc(sizeof(int32_t) * 2 * GEN * 8), *pf = malloc(sizeof(int32_t) * 2 * GEN * 8);
+        check_spec(gguf, p, 3, "cpu", ks, 2, pc);
+        check_spec(gguf, p, 3, "fake", ks, 2, pf);
+        EXPECT(!memcmp(pc, pf, sizeof(int32_t) * 2 * GEN * 8),
+               "the head's drafts next to the fake-device TP 3 target differ from those next to CPU TP 3 (the aux "
+               "features or the host views differ)");
+        free(pc), free(pf);
+    } else {
+        printf("SmolLM2: SPECD_MODEL_GGUF not set, skipped\n");
+    }
     snprintf(p, sizeof p, "%s/f32", mini);
     check_bad_device(p);
     printf(n_fail ? "FAILED: %d\n" : "OK\n", n_fail);
