@@ -228,6 +228,11 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     const char *want = cfg->device ? cfg->device : "auto";
     const bool must = !strcmp(want, "cuda");
     char why[320] = "";
+    /* fault injection (tests only): SPECD_FAULT_TP_DEVICE_FAIL=R makes rank R's device start fail here, on
+     * any device, so the group's handling of a rank whose GPU does not start is testable without a GPU */
+    const char *fault = getenv("SPECD_FAULT_TP_DEVICE_FAIL");
+    if (world > 1 && fault && *fault && atoi(fault) == rank)
+        return specd_err_set(err, "rank %d: device start failed (SPECD_FAULT_TP_DEVICE_FAIL)", rank);
     if (!strcmp(want, "cpu")) goto cpu;
     const int n_dev = world > 1 ? bk_cuda_device_count() : 1;
     const int dev = n_dev > 0 ? rank % n_dev : 0;

@@ -3,9 +3,11 @@ device rank mod (the GPUs it sees), so K ranks share one GPU.
 
 Without a usable GPU (ctest server_tp_cuda, label unit):
   - `serve SmolLM2 --device cuda --tensor-parallel-size 3` exits non-zero within REFUSE_BOUND_S, its output
-    names rank 0's reason ("--device cuda: rank 0: no usable GPU (device 0): <kn_probe's reason>") and each
-    worker logs its own ("specd worker rank R: ..."); once it has exited no rank process is left (none whose
-    command line carries --specd-comm-parent=<its pid>);
+    names a rank's reason ("--device cuda: rank R: no usable GPU (device 0): <kn_probe's reason>": rank 0's, or
+    a worker's when that one failed first, even before rank 0 saw every worker attach); once it has exited no
+    rank process is left (none whose command line carries --specd-comm-parent=<its pid>);
+  - one rank's device start failing (fault injection SPECD_FAULT_TP_DEVICE_FAIL=R, with --device cpu so it runs
+    here; R = 2, 1, 0) while the others start: non-zero exit within the bound naming rank R's reason, nothing left;
   - `--device cpu --tensor-parallel-size 3 --tp-comm cuda_ipc` refuses with the reason (cuda_ipc needs a GPU
     backend), non-zero, no rank left; `--tp-comm bogus` is refused by the flag parser.
   With a usable GPU this mode exits 77 (the --gpu mode covers it).
@@ -76,13 +78,13 @@ def rank_procs(parent):
     return out
 
 
-def refuses(args, want, model=None):
+def refuses(args, want, model=None, env=None):
     """Starts serve with ARGS; asserts a non-zero exit within REFUSE_BOUND_S naming WANT (a regex) and no rank
     process left. Returns the output."""
     t0 = time.time()
     p = subprocess.Popen([sp.SPECD, "serve", model or sp.MODEL, "--port", str(sp.free_port()), *args],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
     try:
         out, _ = p.communicate(timeout=REFUSE_BOUND_S)
     except subprocess.TimeoutExpired:
@@ -111,11 +113,18 @@ def main_cpu():
         skip("a GPU is usable here: server_tp_cuda_gpu (--gpu) runs instead")
     common = ["--threads", "1", "--max-model-len", "256", "--kv-cache-memory", "16M"]
     out = refuses(["--device", "cuda", "--tensor-parallel-size", "3", *common],
-                  r"--device cuda: rank 0: no usable GPU \(device 0\): \S.{10,}")
+                  r"--device cuda: rank \d: no usable GPU \(device 0\): \S.{10,}")
     assert why in out, f"rank 0's reason must be kn_probe's ({why}): {out[-2000:]}"
     for r in (1, 2):  # each worker logs its own reason (unless rank 0's abort reached it first)
         if f"specd worker rank {r}:" not in out:
             print(f"note: worker {r} was stopped by rank 0's abort before logging its own reason")
+    # one rank's device fails while the others start (SPECD_FAULT_TP_DEVICE_FAIL=R fails rank R's device start, on
+    # the CPU here): the group exits non-zero with that rank's reason, whichever rank it is, and nothing is left
+    for r in (2, 1, 0):
+        out = refuses(["--device", "cpu", "--tensor-parallel-size", "3", *common],
+                      rf"rank {r}: device start failed \(SPECD_FAULT_TP_DEVICE_FAIL\)",
+                      env={"SPECD_FAULT_TP_DEVICE_FAIL": str(r)})
+        assert "specd serve:" in out, f"rank 0 must report the group's failure: {out[-2000:]}"
     refuses(["--device", "cpu", "--tensor-parallel-size", "3", "--tp-comm", "cuda_ipc", *common],
             r"--tp-comm cuda_ipc needs a GPU backend")
     refuses(["--tensor-parallel-size", "3", "--tp-comm", "bogus", *common], r"--tp-comm must be one of")
