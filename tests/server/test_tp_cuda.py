@@ -205,7 +205,7 @@ def main_gpu():
     if why is not None:
         skip(f"no usable GPU: {why}")
     comms = ("cuda_ipc", "shm") if dev == "cuda" else ("shm", "auto")
-    common = ["--device", dev, "--gpu-memory-utilization", "0.2", "--max-model-len", "512", "--threads", "1",
+    common = ["--device", dev, "--gpu-memory-utilization", "0.05", "--max-model-len", "512", "--threads", "1",
               "--served-model-name", "mini", "--max-num-seqs", "8"]
     s1 = sp.Server(common, model=MINI)
     try:
