@@ -32,8 +32,10 @@
  *   - a worker whose device fails to start (device 1 of a one-device fake)
  *     aborts the group with its reason: rank 0's first step fails naming it
  *     within 5 s, and the group is reaped (no hang).
- * Not checked here: cuda_ipc / nccl (their GPU tests; cuda_ipc also under
- * tools/kn_emu), real kernels (label gpu).
+ * SPECD_TP_TEST_COMM=cuda_ipc (tools/kn_emu/run_tp.sh, ctest
+ * backend_cuda_tp_ipc_emu) runs the device ranks' collectives through the
+ * real cuda_ipc communicator in the kn_emu emulation instead: the same bits.
+ * Not checked here: nccl (its GPU test), real kernels (label gpu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -57,6 +59,13 @@ static int n_fail;
 enum { BS = 16, NB = 8, NSEQ = 2, L0 = 13, L1 = 9, STEPS = 8 };
 static const int32_t tab0[4] = {0, 1, 2, 3}, tab1[4] = {7, 6, 5, 4};
 static const int32_t *const tables[NSEQ] = {tab0, tab1};
+
+/* The device ranks' collectives: shm staged through the host, or cuda_ipc with SPECD_TP_TEST_COMM=cuda_ipc (the
+ * build of tools/kn_emu/run_tp.sh, where the cuda_ipc kernel runs in the CPU emulation; workers inherit it). */
+static tp_comm_kind dev_comm(void) {
+    const char *e = getenv("SPECD_TP_TEST_COMM");
+    return e && !strcmp(e, "cuda_ipc") ? TP_COMM_CUDA_IPC : TP_COMM_SHM;
+}
 
 static size_t arena_for(const char *path) { return strstr(path, ".gguf") ? (size_t)192 << 20 : (size_t)48 << 20; }
 
@@ -88,7 +97,7 @@ static int worker_main(int argc, char **argv) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "device start failed: %.200s", err.msg);
         comm_abort(c, why);
-    } else if (tp_dev_comm_open(c, be, on_dev ? TP_COMM_SHM : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
+    } else if (tp_dev_comm_open(c, be, on_dev ? dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
                (o.tp = &mc, model_load(path, be, &o, &m, &err) < 0)) {
         comm_abort(c, err.msg);
     } else if (tp_worker_run_dev(c, m, dev, NULL, NULL, &err) == 0) {
@@ -131,7 +140,7 @@ static int run_open(run *r, const char *path, int N, const char *kind, specd_err
     if (!r->be) return -1;
     model_load_opts o = {.block_size = BS, .n_blocks = NB};
     if (r->rk) {
-        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? TP_COMM_SHM : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
+        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? dev_comm() : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
             return -1;
         o.tp = &r->mc;
     }
@@ -221,9 +230,9 @@ static void check_model(const char *name, const char *path, int N, bool greedy_t
     for (size_t i = 0; i < nl; i++) d1 = fmax(d1, fabs((double)l1[i] - lf[i]));
     const bool same1 = !memcmp(t1, tf, sizeof t1);
     if (greedy_tp1) EXPECT(same1, "%s TP %d: greedy tokens differ from TP 1's", name, N);
-    printf("%-8s TP %d on the fake device (%d of %d heads, LM-head rows %d of %d): logits == CPU TP %d bit for bit "
+    printf("%-8s TP %d on the fake device, %s (%d of %d heads, LM-head rows %d of %d): logits == CPU TP %d bit for bit "
            "(%zu values over %d steps); greedy %s TP 1's; max|diff| vs TP 1 %.3g\n",
-           name, N, si.n_heads, si.size ? si.n_heads * N : 0, si.vocab_rows, V, N, nl, 1 + STEPS,
+           name, N, tp_comm_kind_name(dev_comm()), si.n_heads, si.size ? si.n_heads * N : 0, si.vocab_rows, V, N, nl, 1 + STEPS,
            same1 ? "==" : "!=", d1);
     free(l1), free(lc), free(lf);
 }
@@ -357,6 +366,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return worker_main(argc, argv);
     g_self = argv[0];
     const char *mini = getenv("MODEL_HF_MINI_DIR"), *gguf = getenv("SPECD_MODEL_GGUF");
+    if (gguf && !*gguf) gguf = NULL; /* run_tp.sh: the minis only */
     char p[4096];
     if (!mini) {
         printf("SKIP: MODEL_HF_MINI_DIR not set\n");
