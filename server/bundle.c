@@ -505,6 +505,8 @@ int specd_bundle_tp_shutdown(specd_bundle *b, specd_err *err) {
     engine_destroy(b->eng); /* no step may be posted once the workers are told to go */
     b->eng = NULL;
     const int rc = ranks_shutdown(b->rk, 10000, err);
+    tp_dev_comm_close(b->tp_dev); /* its watchdog reads the host group: before that goes */
+    b->tp_dev = NULL;
     ranks_destroy(b->rk);
     b->rk = NULL;
     return rc;
@@ -657,6 +659,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         b->tp_run = (tp_runner){b->m, ranks_comm(b->rk), b->tp_dev};
         ec.forward = tp_runner_forward;
         ec.forward_ctx = &b->tp_run;
+        ec.forward_logits_dev = true; /* a device target samples on the device at TP too (logits gathered there) */
     }
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
         specd_err_wrap(err, "engine");
@@ -679,11 +682,12 @@ void specd_bundle_free(specd_bundle *b) {
     if (b->rk) { /* drain the workers (they exit on the shutdown message) before the model goes */
         specd_err err = {{0}};
         if (ranks_shutdown(b->rk, 10000, &err) < 0) LOG_WARN("tensor parallel shutdown: %s", err.msg);
+        /* after the workers are gone (no collective pending), before the host group (its watchdog reads it) */
+        tp_dev_comm_close(b->tp_dev);
+        b->tp_dev = NULL;
         ranks_destroy(b->rk);
         b->rk = NULL;
     }
-    tp_dev_comm_close(b->tp_dev); /* after the workers are gone: no collective is pending */
-    b->tp_dev = NULL;
     eagle3_destroy(b->proposer); /* after the engine (which calls it), before the model (which it borrows) */
     if (b->draft_be) bk_cpu_destroy(b->draft_be);
     tok_destroy(b->tok);

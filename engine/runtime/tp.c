@@ -285,7 +285,8 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     /* the workers' logits exist only for a vocabulary-parallel LM head's all-gather */
     model_shard_info si;
     model_get_shard(m, &si);
-    const bool gather = b->logits && b->n_out > 0 && si.size > 1 && si.vocab_rows < model_get_config(m)->vocab;
+    const bool gather = (b->logits || b->logits_dev) && b->n_out > 0 && si.size > 1 &&
+                        si.vocab_rows < model_get_config(m)->vocab;
     *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
     p = tp_rows_write(p, T, b->tokens, b->pos, b->seq_of, S, b->block_tables, bs);
     if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
@@ -361,7 +362,10 @@ int tp_worker_run_dev(comm *c, model *m, tp_dev_comm *dev, tp_other_fn on_other,
         model_batch b;
         const int fl = step_parse(msg, n, model_kv_n_blocks(m), model_kv_block_size(m), &b, &tables, err);
         if (fl < 0) { comm_abort(c, err->msg); goto done; }
-        if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
+        bk_tensor dev_sink;
+        if ((fl & TP_WANT_LOGITS) && !model_backend(m)->host_visible) {
+            b.logits_dev = &dev_sink; /* the all-gather needs every rank; a device rank keeps its copy there */
+        } else if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
             const size_t need = (size_t)b.n_out * (size_t)V;
             if (need > logits_cap) {
                 float *nl = realloc(logits, need * sizeof *nl);

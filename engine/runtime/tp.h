@@ -96,7 +96,9 @@ int tp_dev_comm_sync(tp_dev_comm *d, specd_err *err);
 tp_comm_kind tp_dev_comm_kind(const tp_dev_comm *d);
 /* Marks the device group failed (its waiting kernels return). NULL ok. */
 void tp_dev_comm_abort(tp_dev_comm *d, const char *why);
-void tp_dev_comm_close(tp_dev_comm *d); /* NULL ok */
+/* NULL ok. Before the host comm c is destroyed (cuda_ipc's watchdog thread
+ * reads it until then), after the peers are done with collectives. */
+void tp_dev_comm_close(tp_dev_comm *d);
 
 /* Rank 0: posts batch b of model m to every worker (returns once it is
  * queued). Returns 0, -2 when it refused before sending anything (a batch

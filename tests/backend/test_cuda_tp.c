@@ -151,12 +151,10 @@ static int run_open(run *r, const char *path, int N, const char *kind, specd_err
 
 static int run_close(run *r, specd_err *err) {
     int rc = 0;
-    if (r->rk) {
-        rc = ranks_shutdown(r->rk, 10000, err);
-        ranks_destroy(r->rk);
-    }
+    if (r->rk) rc = ranks_shutdown(r->rk, 10000, err);
+    tp_dev_comm_close(r->dev); /* cuda_ipc's watchdog reads the host group: close it first */
+    if (r->rk) ranks_destroy(r->rk);
     model_destroy(r->m);
-    tp_dev_comm_close(r->dev);
     if (r->be) r->on_dev ? bk_cuda_destroy(r->be) : bk_cpu_destroy(r->be);
     memset(r, 0, sizeof *r);
     return rc;
