@@ -165,6 +165,16 @@ int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out,
         mc->all_reduce = ipc_all_reduce;
         mc->all_gather = ipc_all_gather;
     } else {
+        /* tests on one GPU only (GPU-NOTES section 1): NCCL < 2.30 refuses two ranks of one GPU; a distinct
+         * NCCL_HOSTID per rank process makes it see two hosts and talk sockets over loopback (function, not speed) */
+        const char *per = getenv("SPECD_TP_NCCL_HOSTID_PER_RANK");
+        if (per && !strcmp(per, "1")) {
+            char id[64];
+            snprintf(id, sizeof id, "specd-tp-rank%d", comm_rank(c));
+            setenv("NCCL_HOSTID", id, 1);
+            setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+            setenv("NCCL_IB_DISABLE", "1", 0);
+        }
         if (comm_nccl_create(c, 0, &d->nccl, err) < 0) {
             free(d);
             return specd_err_wrap(err, "--tp-comm nccl on device %d", bk_cuda_device(be));

@@ -20,6 +20,9 @@ TP 2 servers on the same GPU with --tp-comm cuda_ipc (auto) and shm:
     1's in the last bits); the TP 2 logprobs within 1e-3 of TP 1's before any difference;
   - cuda_ipc == shm bit for bit (tokens and every logprob float: the same rank-order f32 additions), and a
     rerun on cuda_ipc identical (deterministic);
+  - --tp-comm nccl (SPECD_TP_NCCL_HOSTID_PER_RANK=1: each rank its own NCCL_HOSTID, so NCCL < 2.30 accepts two
+    ranks of one GPU over loopback sockets; function only): greedy vs TP 1 by the same rule; skipped with a note
+    when libnccl is not loadable;
   - chat, stream (the chunks' text == the non-streamed text), n = 2 (both choices == the greedy text) through
     the openai client when it is importable (the GPU machine may only have the system python: then the same
     requests as raw HTTP, said in the output);
@@ -237,6 +240,23 @@ def main_gpu():
             rc = s.stop()
         assert rc == 0, f"TP 2 {comm}: exit {rc}"
     assert res[comms[0]] == res[comms[1]], f"{comms[0]} and {comms[1]} differ (both must be the rank-order f32 sum)"
+    if dev == "cuda":  # nccl, for function: 2 ranks of one GPU need a distinct NCCL_HOSTID each (GPU-NOTES section 1)
+        try:
+            s = sp.Server([*common, "--tensor-parallel-size", "2", "--tp-comm", "nccl"], model=MINI,
+                          env={"SPECD_TP_NCCL_HOSTID_PER_RANK": "1"}, ready_timeout=120)
+        except RuntimeError as e:
+            if "nccl: cannot load" not in str(e):
+                raise
+            print(f"note: --tp-comm nccl not checked: libnccl is not loadable here ({str(e)[-200:]})")
+        else:
+            try:
+                got = [complete(s, p) for p in PROMPTS]
+                for i, g in enumerate(got):
+                    compare_tp1(f"TP 2 nccl prompt {i}", ref[i], g)
+                print("TP 2 --tp-comm nccl (sockets over loopback): greedy vs TP 1 ok")
+            finally:
+                rc = s.stop()
+            assert rc == 0, f"TP 2 nccl: exit {rc}"
     print(f"TP 2 on {dev} (one device): {len(PROMPTS)} prompts x {MAX_TOK} greedy tokens vs TP 1 ok; {comms[0]} == "
           f"{comms[1]} bit for bit (tokens, logprobs); rerun identical")
 
