@@ -44,7 +44,7 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  *
  * --device cpu: the CPU backend. --device cuda: the CUDA backend or a refusal
  * at start (no usable GPU: kn_probe's reason; or a configuration the GPU
- * cannot run yet: DeepSeek-V3, tensor parallelism). --device auto
+ * cannot run yet: DeepSeek-V3). --device auto
  * (default): cuda when both would hold, else cpu with one log line saying
  * why. A draft head runs on the same cuda backend as its target (weights,
  * KV and buffers in the arena, planned below); only a head the GPU cannot
@@ -164,8 +164,9 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
  * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent. */
 static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
-    if (cfg->tensor_parallel_size > 1)
-        snprintf(why, n, "--tensor-parallel-size %d runs on the CPU backend only", cfg->tensor_parallel_size);
+    if (d->deepseek && cfg->tensor_parallel_size > 1)
+        snprintf(why, n, "DeepSeek-V3 / Kimi at --tensor-parallel-size %d runs on the CPU backend only for now "
+                 "(its device forward is tested at TP 1)", cfg->tensor_parallel_size);
     else if (d->deepseek && (d->kv_lora > BK_CUDA_MLA_MAX_KVL || d->kv_lora % 2 || d->qk_rope % 2 ||
                              d->head_dim > BK_CUDA_MAX_HEAD_DIM))
         snprintf(why, n, "MLA latent of kv_lora_rank %lld + rope %lld: the CUDA MLA kernel takes an even kv_lora_rank "
@@ -223,15 +224,37 @@ static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64
     return 0;
 }
 
-/* Chooses the backend (b->be, b->device) and, on cuda, the KV budget (*kv_bytes). */
-static int bundle_backend(const char *model_path, const specd_config *cfg, specd_bundle *b, int64_t *kv_bytes,
-                          specd_err *err) {
+/* Chooses the backend (b->be, b->device) and, on cuda, the KV budget
+ * (*kv_bytes) of tensor-parallel rank `rank` of `world` (0 of 1 without TP).
+ *
+ * At TP N on cuda every rank process runs this for itself: rank r opens
+ * device r mod (the devices it sees; CUDA_VISIBLE_DEVICES applies), so K
+ * ranks may share one GPU (how TP is tested on a one-GPU machine). The ranks
+ * on one device split --gpu-memory-utilization's share of it evenly (each
+ * plans util x total / K and keeps its own reserve: each process has its own
+ * CUDA context); each plans its shard: weights / N plus the replicated
+ * embedding, its KV heads, its heads. The KV pools are then made equal (the
+ * smallest) by specd_tp_agree. No CUDA graphs at TP > 1 yet (the collectives
+ * between the ops are not captured), and the draft head runs whole on rank
+ * 0's CPU (not split across GPU ranks yet). */
+static int bundle_backend(const char *model_path, const specd_config *cfg, int rank, int world, specd_bundle *b,
+                          int64_t *kv_bytes, specd_err *err) {
     const char *want = cfg->device ? cfg->device : "auto";
     const bool must = !strcmp(want, "cuda");
     char why[320] = "";
+    /* fault injection (tests only): SPECD_FAULT_TP_DEVICE_FAIL=R makes rank R's device start fail here, on
+     * any device, so the group's handling of a rank whose GPU does not start is testable without a GPU */
+    const char *fault = getenv("SPECD_FAULT_TP_DEVICE_FAIL");
+    if (world > 1 && fault && *fault && atoi(fault) == rank)
+        return specd_err_set(err, "rank %d: device start failed (SPECD_FAULT_TP_DEVICE_FAIL)", rank);
     if (!strcmp(want, "cpu")) goto cpu;
-    if (bk_cuda_probe(0, why, sizeof why) != 0) {
-        if (must) return specd_err_set(err, "--device cuda: no usable GPU: %s", why);
+    const int n_dev = world > 1 ? bk_cuda_device_count() : 1;
+    const int dev = n_dev > 0 ? rank % n_dev : 0;
+    const int on_dev = n_dev > 0 ? world / n_dev + (dev < world % n_dev) : 1; /* ranks sharing this device */
+    if (bk_cuda_probe(dev, why, sizeof why) != 0) {
+        if (must)
+            return world > 1 ? specd_err_set(err, "--device cuda: rank %d: no usable GPU (device %d): %s", rank, dev, why)
+                             : specd_err_set(err, "--device cuda: no usable GPU: %s", why);
         LOG_INFO("device auto: cpu (no usable GPU: %s)", why);
         goto cpu;
     }
@@ -245,20 +268,35 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
         goto cpu;
     }
     size_t fr = 0, tot = 0;
-    if (bk_cuda_mem_info(0, &fr, &tot, err) < 0) return -1;
+    if (bk_cuda_mem_info(dev, &fr, &tot, err) < 0) return -1;
     const double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9;
-    const size_t budget = (size_t)(util * (double)tot);
+    const size_t budget = (size_t)(util * (double)tot) / (size_t)on_dev;
     if (budget > fr)
-        return specd_err_set(err, "--gpu-memory-utilization %.2f asks for %.2f GiB, but only %.2f GiB of %.2f GiB "
-                                  "are free on the GPU (lower it, or free the GPU)",
-                             util, (double)budget / (1 << 30), (double)fr / (1 << 30), (double)tot / (1 << 30));
+        return specd_err_set(err, "%s--gpu-memory-utilization %.2f asks for %.2f GiB%s, but only %.2f GiB of %.2f GiB "
+                                  "are free on GPU %d (lower it, or free the GPU)",
+                             world > 1 ? "rank " : "", util, (double)budget / (1 << 30),
+                             on_dev > 1 ? " (its share of the GPU's ranks)" : "", (double)fr / (1 << 30),
+                             (double)tot / (1 << 30), dev);
+    if (world > 1) { /* this rank's shard (engine/model/tp_shard.c) */
+        const int64_t emb = d.vocab * d.hidden * 4 < d.weight_bytes ? d.vocab * d.hidden * 4 : d.weight_bytes;
+        d.weight_bytes = d.weight_bytes / world + emb - emb / world; /* + the replicated embedding */
+        if (d.n_heads % world == 0) d.n_heads /= world;
+        d.n_kv_heads = d.n_kv_heads % world == 0 ? d.n_kv_heads / world : 1;
+        if (d.ffn % world == 0) d.ffn /= world;
+    }
     const int64_t max_len = cfg->max_model_len > 0 ? cfg->max_model_len : (d.max_pos > (1 << 24) ? 1 << 24 : d.max_pos);
     const int64_t T = cfg->max_num_batched_tokens, H = d.hidden, qd = d.n_heads * d.head_dim,
                   kvd = d.n_kv_heads * d.head_dim;
-    const int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
+    int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
     if (nb < 0) return -1;
+    if (world > 1 && nb > 0) {
+        if (rank == 0)
+            LOG_INFO("cuda graphs: off at --tensor-parallel-size %d (the collectives between the ops are not "
+                     "captured yet): every step eager", world);
+        nb = 0;
+    }
     b->n_graph_buckets = nb;
-    bk_cuda_opts o = {.device = 0,
+    bk_cuda_opts o = {.device = dev,
                       .max_tokens = (int32_t)T,
                       .max_seqs = cfg->max_num_seqs + (nb ? 1 : 0), /* + the graphs' padding sequence */
                       .max_len = (int32_t)max_len,
@@ -273,7 +311,10 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     }
     draft_dims dd = {0};
     b->draft_why[0] = '\0';
-    if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */
+    if (b->spec.enabled && world > 1) {
+        snprintf(b->draft_why, sizeof b->draft_why, "the head is not split across GPU ranks yet (it runs whole on "
+                                                    "rank 0)");
+    } else if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */
         if (draft_plan(b, &d, T < 512 ? T : 512, cfg->max_num_seqs, o.block_size, &dd, err) < 0) return -1;
         snprintf(b->draft_why, sizeof b->draft_why, "%s", dd.why);
         if (!dd.why[0]) {
@@ -322,14 +363,19 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     const int64_t kv_tokens = (int64_t)((budget - need) / per_tok);
     *kv_bytes = kv_tokens * (int64_t)(per_tok - dd.per_tok);
     o.arena_bytes = budget - BUNDLE_CUDA_RESERVE - graphs;
-    LOG_INFO("cuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB: weights %.2f "
-             "GiB (from the files), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata and "
-             "attention scratch up to %lld positions), reserve %.2f GiB, graphs %.2f GiB (%zu: %s), draft head "
+    char who[96] = "";
+    if (world > 1)
+        snprintf(who, sizeof who, "rank %d/%d on GPU %d (%d rank%s there): ", rank, world, dev, on_dev,
+                 on_dev > 1 ? "s share it" : "");
+    LOG_INFO("%scuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB%s: weights "
+             "%.2f GiB (from the files%s), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata "
+             "and attention scratch up to %lld positions), reserve %.2f GiB, graphs %.2f GiB (%zu: %s), draft head "
              "%.2f GiB + its KV %.2f GiB, KV %.2f GiB = %lld tokens",
-             (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
-             (double)wb / (1 << 30), (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
+             who, (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
+             on_dev > 1 ? " (this rank's share)" : "", (double)wb / (1 << 30), world > 1 ? ": this rank's shard" : "",
+             (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
              (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)graphs / (1 << 30), n_graphs,
-             nb ? "buckets x decode / verify" : "--enforce-eager", (double)dd.fixed / (1 << 30),
+             nb ? "buckets x decode / verify" : world > 1 ? "TP: eager" : "--enforce-eager", (double)dd.fixed / (1 << 30),
              (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)*kv_bytes / (1 << 30),
              (long long)kv_tokens);
     b->be = bk_cuda_create(&o, err);
@@ -374,6 +420,42 @@ int specd_tokenizer_load(const char *model_path, const char *tokenizer_json, spe
     if (is_dir(model_path)) return load_tokenizer(model_path, NULL, b, err);
     if (gguf_open(model_path, &b->tok_gguf, err)) return specd_err_wrap(err, "%s", model_path);
     return tok_create_from_gguf(b->tok_gguf, &b->tok, err);
+}
+
+/* After every rank chose its backend (a collective: rank 0 and the workers
+ * call it at the same point of their start-up): all ranks must be on the
+ * same kind of device (--device auto could resolve differently on a rank
+ * whose GPU failed its probe), and on cuda the KV budget is the smallest
+ * rank's (the scheduler's block ids are used on every rank, so every pool
+ * must hold them; the ranks of a shared GPU or of GPUs of different sizes
+ * plan different budgets). Then each rank opens its collectives on device
+ * memory (--tp-comm; a collective over the host group for cuda_ipc / nccl)
+ * and fills *mc. A rank that failed before this point has aborted the group,
+ * so the others fail here with its reason instead of waiting. */
+static int tp_agree(comm *c, const specd_config *cfg, backend *be, int64_t *kv_bytes, tp_dev_comm **dev,
+                    model_comm *mc, specd_err *err) {
+    const int world = comm_world(c), rank = comm_rank(c);
+    const int64_t mine[2] = {be->host_visible ? 0 : 1, *kv_bytes};
+    int64_t all[2 * COMM_MAX_WORLD];
+    comm_set_timeout_ms(c, 0); /* ranks start at different speeds; a dead rank is still caught (monitor, pdeathsig) */
+    int rc = comm_all_gather(c, mine, sizeof mine, all, err);
+    comm_set_timeout_ms(c, comm_config_default().timeout_ms);
+    if (rc < 0) return -1;
+    for (int r = 0; r < world; r++) {
+        if (all[2 * r] != all[0])
+            return specd_err_set(err, "tensor parallel: rank %d runs on %s, rank 0 on %s (pass --device explicitly)", r,
+                                 all[2 * r] ? "cuda" : "cpu", all[0] ? "cuda" : "cpu");
+        if (all[0] && all[2 * r + 1] < *kv_bytes) *kv_bytes = all[2 * r + 1];
+    }
+    tp_comm_kind kind;
+    if (tp_comm_kind_parse(cfg->tp_comm, &kind, err) < 0) return -1;
+    if (tp_dev_comm_open(c, be, kind, dev, mc, err) < 0) return -1;
+    if (rank == 0)
+        LOG_INFO("tensor parallel: collectives %s (%s)%s", tp_comm_kind_name(tp_comm_kind_resolve(kind, be->host_visible, world)),
+                 be->host_visible ? "host memory" : tp_dev_comm_kind(*dev) == TP_COMM_SHM ? "device memory staged through the host"
+                                                                                        : "on device memory",
+                 all[0] ? "; KV budget per rank: the smallest rank's" : "");
+    return 0;
 }
 
 /* Every rank's weight bytes, KV bytes, KV blocks and block size
@@ -452,6 +534,8 @@ int specd_bundle_tp_shutdown(specd_bundle *b, specd_err *err) {
     engine_destroy(b->eng); /* no step may be posted once the workers are told to go */
     b->eng = NULL;
     const int rc = ranks_shutdown(b->rk, 10000, err);
+    tp_dev_comm_close(b->tp_dev); /* its watchdog reads the host group: before that goes */
+    b->tp_dev = NULL;
     ranks_destroy(b->rk);
     b->rk = NULL;
     return rc;
@@ -507,7 +591,8 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     int64_t kv_bytes = cfg->kv_cache_memory;
-    if (bundle_backend(model_path, cfg, b, &kv_bytes, err) < 0) goto fail;
+    if (bundle_backend(model_path, cfg, 0, b->rk ? cfg->tensor_parallel_size : 1, b, &kv_bytes, err) < 0) goto fail;
+    if (b->rk && tp_agree(ranks_comm(b->rk), cfg, b->be, &kv_bytes, &b->tp_dev, &b->tp_comm, err) < 0) goto fail;
     model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = kv_bytes, .n_blocks = 0,
                           .tp = b->rk ? &b->tp_comm : NULL};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
@@ -575,7 +660,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         }
         LOG_INFO("draft: %s (%s), k = %d%s", b->spec.model, b->spec.method, b->spec.k,
                  b->spec.adaptive ? " at most (adaptive)" : " (fixed)");
-        if (b->rk) { /* split like the target, or whole on rank 0 when its shapes do not divide */
+        if (b->rk && !b->draft_be) { /* split like the target, or whole on rank 0 when its shapes do not divide */
             char why[160] = "";
             const int split = eagle3_head_tp_shard(eagle3_proposer_head(b->proposer), ranks_comm(b->rk), &b->tp_comm,
                                                    why, sizeof why, err);
@@ -600,9 +685,10 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
                         .num_speculative_tokens = b->spec.enabled ? b->spec.k : 0,
                         .spec_adaptive = b->spec.enabled && b->spec.adaptive};
     if (b->rk) { /* rank 0 posts every step to the workers before running its own shard */
-        b->tp_run = (tp_runner){b->m, ranks_comm(b->rk)};
+        b->tp_run = (tp_runner){b->m, ranks_comm(b->rk), b->tp_dev};
         ec.forward = tp_runner_forward;
         ec.forward_ctx = &b->tp_run;
+        ec.forward_logits_dev = true; /* a device target samples on the device at TP too (logits gathered there) */
     }
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
         specd_err_wrap(err, "engine");
@@ -611,7 +697,10 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (b->proposer && engine_set_proposer(b->eng, b->proposer, err)) goto fail;
     return 0;
 fail:
-    if (b->rk) comm_abort(ranks_comm(b->rk), err->msg); /* the workers stop at once, not after the drain timeout */
+    if (b->rk) { /* the workers stop at once, not after the drain timeout */
+        tp_dev_comm_abort(b->tp_dev, err->msg);
+        comm_abort(ranks_comm(b->rk), err->msg);
+    }
     specd_bundle_free(b);
     return -1;
 }
@@ -622,6 +711,9 @@ void specd_bundle_free(specd_bundle *b) {
     if (b->rk) { /* drain the workers (they exit on the shutdown message) before the model goes */
         specd_err err = {{0}};
         if (ranks_shutdown(b->rk, 10000, &err) < 0) LOG_WARN("tensor parallel shutdown: %s", err.msg);
+        /* after the workers are gone (no collective pending), before the host group (its watchdog reads it) */
+        tp_dev_comm_close(b->tp_dev);
+        b->tp_dev = NULL;
         ranks_destroy(b->rk);
         b->rk = NULL;
     }
@@ -765,7 +857,9 @@ int specd_tp_worker_main(int argc, char **argv) {
     size_t n_pos = 0;
     bool help = false;
     comm *c = NULL;
-    backend *be = NULL;
+    specd_bundle wb; /* this rank's backend (bundle_backend's fields) */
+    memset(&wb, 0, sizeof wb);
+    tp_dev_comm *dev = NULL;
     model *m = NULL;
     eagle3_head *head = NULL;
     int rc = 1;
@@ -784,14 +878,23 @@ int specd_tp_worker_main(int argc, char **argv) {
                       : !strcmp(cfg.log_level, "warn") ? LOG_LVL_WARN
                       : !strcmp(cfg.log_level, "error") ? LOG_LVL_ERROR
                                                         : LOG_LVL_INFO);
+    /* the same backend choice and plan as rank 0's for this rank (device rank mod the GPUs seen), then the
+     * agreement on the device kind and the KV pool, and the collectives (tp_agree: a collective) */
     model_comm mc;
-    tp_model_comm_shm(c, &mc);
-    be = bk_cpu_create(specd_tp_threads(&cfg));
-    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = cfg.kv_cache_memory, .tp = &mc};
-    if (!be || model_load(pos[0], be, &mo, &m, &err) < 0) {
+    int64_t kv_bytes = cfg.kv_cache_memory;
+    if (specd_config_resolve(&cfg, &wb.spec, &err) < 0 ||
+        bundle_backend(pos[0], &cfg, w.rank, w.world, &wb, &kv_bytes, &err) < 0 ||
+        tp_agree(c, &cfg, wb.be, &kv_bytes, &dev, &mc, &err) < 0) {
+        LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+        comm_abort(c, err.msg); /* the group's reason: "rank R: ..." */
+        goto out;
+    }
+    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc};
+    if (model_load(pos[0], wb.be, &mo, &m, &err) < 0) {
         char why[COMM_REASON_MAX];
-        snprintf(why, sizeof why, "loading the shard: %.200s", be ? err.msg : "cannot create the CPU backend");
+        snprintf(why, sizeof why, "loading the shard: %.200s", err.msg);
         LOG_ERROR("specd worker rank %d: %s", w.rank, why);
+        tp_dev_comm_abort(dev, why);
         comm_abort(c, why);
         goto out;
     }
@@ -800,12 +903,13 @@ int specd_tp_worker_main(int argc, char **argv) {
         LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
         goto out;
     }
-    LOG_INFO("tensor parallel rank %d/%d (pid %d): serving", w.rank, w.world, (int)getpid());
-    /* the draft head's shard: loaded and split exactly as rank 0 does (eagle3_tp.h), or none */
+    LOG_INFO("tensor parallel rank %d/%d (pid %d): serving on %s", w.rank, w.world, (int)getpid(), wb.device);
+    /* the draft head's shard: loaded and split exactly as rank 0 does (eagle3_tp.h), or none (on a GPU
+     * backend the head runs whole on rank 0: bundle_backend) */
     specd_spec spec;
     memset(&spec, 0, sizeof spec);
     if (specd_config_resolve(&cfg, &spec, &err) < 0) goto fail_worker;
-    if (spec.enabled) {
+    if (spec.enabled && wb.be->host_visible) {
         eagle3_opts eo = {0};
         char why[160] = "";
         if (draft_opts(&cfg, &eo, &err) < 0 || eagle3_head_load_for(spec.model, m, &eo, &head, &err) < 0) goto fail_worker;
@@ -817,7 +921,7 @@ int specd_tp_worker_main(int argc, char **argv) {
         }
     }
     specd_spec_free(&spec);
-    if (tp_worker_run_ex(c, m, head ? worker_draft : NULL, head, &err) == 0) rc = 0;
+    if (tp_worker_run_dev(c, m, dev, head ? worker_draft : NULL, head, &err) == 0) rc = 0;
     else LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
     goto out;
 fail_worker:
@@ -827,7 +931,9 @@ fail_worker:
 out:
     eagle3_head_destroy(head);
     model_destroy(m);
-    if (be) bk_cpu_destroy(be);
+    tp_dev_comm_close(dev);
+    bundle_backend_destroy(wb.be);
+    specd_spec_free(&wb.spec);
     comm_destroy(c);
     specd_config_free(&cfg);
     free(args);

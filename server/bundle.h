@@ -40,6 +40,7 @@ typedef struct specd_bundle {
      * the model's collectives over their shm group, rank 0's forward */
     ranks *rk;
     model_comm tp_comm;
+    tp_dev_comm *tp_dev;                 /* cuda: the collectives on device memory (--tp-comm), else NULL */
     tp_runner tp_run;
     int n_ranks;                         /* 1 without TP */
     int64_t rank_mem[4 * 64];            /* per rank: weight bytes, KV bytes, KV blocks, block size (gathered after loading) */

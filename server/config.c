@@ -62,6 +62,10 @@ const cfg_option specd_serve_options[] = {
     {"device", CFG_STR, "auto", NOB, OFF(device), CFG_ENGINE, "auto|cpu|cuda",
      "compute device: auto = cuda when a usable GPU is found and the model runs there, else cpu (one log line "
      "says why); cuda refuses to start without one"},
+    {"tp-comm", CFG_STR, "auto", NOB, OFF(tp_comm), CFG_ENGINE, "auto|shm|cuda_ipc|nccl",
+     "tensor parallelism on GPUs: the all-reduce / all-gather between ranks: cuda_ipc (fixed rank order, "
+     "deterministic; ranks may share a GPU), shm (host staging, deterministic, slow), nccl (not deterministic); "
+     "auto = cuda_ipc on one host, shm on the cpu backend (docs/engine.md)"},
     {"gpu-memory-utilization", CFG_DOUBLE, "0.9", 0.05, 1.0, OFF(gpu_memory_utilization), CFG_ENGINE, NULL,
      "cuda: fraction of the GPU's total memory this process may use (weights + workspace + KV cache; the KV "
      "cache gets what the weights and workspace leave, and --kv-cache-memory is ignored)"},

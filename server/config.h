@@ -94,6 +94,7 @@ typedef struct specd_config {
     int32_t threads;           /* CPU compute threads, 0 = all cores */
     int32_t tensor_parallel_size; /* ranks (processes) the target is split across; 1 = no TP */
     char *device;              /* "auto" | "cpu" | "cuda" */
+    char *tp_comm;             /* "auto" | "shm" | "cuda_ipc" | "nccl": TP collectives on device memory */
     double gpu_memory_utilization; /* cuda: fraction of total GPU memory, (0, 1] */
     char *speculative_config;  /* vLLM JSON */
     char *draft;               /* draft head directory */

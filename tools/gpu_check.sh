@@ -3,7 +3,9 @@
 # with an NVIDIA GPU (no network needed) it configures and builds specd with
 # warnings as errors, records the GPU and the versions, runs every ctest test
 # labelled `gpu` (kernels vs the CPU backend, batch invariance) and `build`
-# (ptxas spill check), runs the kernel benchmark, and writes
+# (ptxas spill check; the gpu label includes `specd serve --device cuda
+# --tensor-parallel-size 2` on the one GPU, server_tp_cuda_gpu, and the
+# 2-process NCCL smoke comm_nccl_gpu), runs the kernel benchmark, and writes
 #   OUT_DIR/summary.json  per-test pass / fail / skip / not_run (+ the reason),
 #                         each step's exit code and time, the bench figures
 #   OUT_DIR/log.txt       everything the steps printed

@@ -79,6 +79,9 @@ backend *bk_cuda_create(const bk_cuda_opts *o, specd_err *err) {
 void bk_cuda_destroy(backend *b) { (void)b; }
 const char *bk_cuda_describe(const backend *b) { (void)b; return "cuda (not built)"; }
 size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
+int bk_cuda_device_count(void) { return 0; }
+int bk_cuda_device(const backend *b) { (void)b; return -1; }
+void *bk_cuda_stream(const backend *b) { (void)b; return NULL; }
 
 #else
 
@@ -1240,5 +1243,12 @@ const char *bk_cuda_describe(const backend *b) {
 }
 
 size_t bk_cuda_arena_used(const backend *b) { return ((const cu_ctx *)b->ctx)->used; }
+
+int bk_cuda_device_count(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+int bk_cuda_device(const backend *b) { return ((const cu_ctx *)b->ctx)->o.device; }
+void *bk_cuda_stream(const backend *b) { return (void *)((const cu_ctx *)b->ctx)->stream; }
 
 #endif /* SPECD_HAVE_CUDA */

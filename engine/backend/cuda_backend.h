@@ -77,4 +77,12 @@ const char *bk_cuda_describe(const backend *b);
 /* Bytes of the arena in use (allocations + weights + the backend's fixed buffers). */
 size_t bk_cuda_arena_used(const backend *b);
 
+/* Tensor parallelism (engine/runtime/tp.h): the CUDA devices this process
+ * sees (0 when none or built without CUDA; CUDA_VISIBLE_DEVICES applies), and
+ * a backend's device ordinal and stream (a cudaStream_t), so device
+ * collectives run in order with its ops. */
+int bk_cuda_device_count(void);
+int bk_cuda_device(const backend *b);
+void *bk_cuda_stream(const backend *b);
+
 #endif

@@ -248,11 +248,13 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     const bk_ops *op = m->be->ops;
     void *bx = m->be->ctx;
     const bool hv = m->be->host_visible, split = m->vocab_split && m->tp_size > 1;
-    if (dev_logits && split) return specd_err_set(err, "device logits with a vocabulary-parallel LM head");
     const int32_t H = m->cfg.hidden, n = b->n_out, V = m->cfg.vocab, Vl = m->vocab_l, N = m->tp_size;
-    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N],
-     * each region on a 64-byte boundary */
-    const size_t lg_floats = !b->logits && !dev_logits ? 0 : split ? (size_t)n * Vl * (size_t)(N + 1) + 16 : hv ? 0 : (size_t)n * V;
+    /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N]
+     * (+ the interleaved [n, V] when the logits stay on the device), each region on a 64-byte boundary */
+    const size_t lg_floats = !b->logits && !dev_logits ? 0
+                             : split ? (size_t)n * Vl * (size_t)(N + 1) + 32 + (dev_logits ? (size_t)n * V : 0)
+                             : hv    ? 0
+                                     : (size_t)n * V;
     const size_t n_pad = ((size_t)n + 15) & ~(size_t)15, xn_pad = ((size_t)n * H + 15) & ~(size_t)15;
     float *w = model_grow(m, &m->ws_out, &m->ws_out_cap, n_pad + xn_pad + lg_floats + 16);
     if (!w) return specd_err_set(err, "out of memory for %d output rows", n);
@@ -293,6 +295,16 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15), (int64_t)N * n, Vl);
     if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
     if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");
+    if (dev_logits) { /* interleave [N, n, V/N] into [n, V] on the device (rank r's columns at r V/N); it stays there */
+        bk_tensor lg = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15) + (((size_t)N * n * Vl + 15) & ~(size_t)15),
+                                   n, V);
+        for (int32_t r = 0; r < N; r++) {
+            bk_tensor part = bk_wrap_f32((float *)all.data + (size_t)r * n * Vl, n, Vl);
+            if (op->copy_cols(bx, &lg, (int64_t)r * Vl, &part) < 0) goto dev_fail;
+        }
+        *b->logits_dev = lg;
+        return 0;
+    }
     float *host = hv ? bk_f32(&all) : b->logits; /* device: download [N, n, Vl] into logits, then permute in place */
     if (!hv) {
         if (op->download(bx, b->logits, all.data, bk_nbytes(&all)) < 0) goto dev_fail;
@@ -311,7 +323,7 @@ dev_fail:
 }
 
 bool model_logits_on_device(const model *m) {
-    return !m->be->host_visible && m->be->ops->sample && !(m->vocab_split && m->tp_size > 1);
+    return !m->be->host_visible && m->be->ops->sample && (!(m->vocab_split && m->tp_size > 1) || m->be->ops->copy_cols);
 }
 
 const model_config *model_get_config(const model *m) { return &m->cfg; }

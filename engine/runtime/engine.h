@@ -171,6 +171,8 @@ typedef struct engine_config {
      * posts the batch to the worker ranks first. ctx must outlive the engine. */
     int (*forward)(void *ctx, const model_batch *b, specd_err *err);
     void *forward_ctx;
+    bool forward_logits_dev;        /* forward honours model_batch.logits_dev (tp_runner_forward does): the
+                                       engine may then sample on the model's device backend */
 } engine_config;
 
 typedef struct engine engine;

@@ -58,8 +58,9 @@ int engine_create(const engine_config *cfg_in, model *m, const tokenizer *tok, e
         .hidden = mc->hidden,
         .block_size = model_kv_block_size(m),
         .n_blocks = model_kv_n_blocks(m),
-        /* a custom forward may not honour logits_dev: host sampling then */
-        .sample_be = !(cfg_in && cfg_in->forward) && model_logits_on_device(m) ? model_backend(m) : NULL,
+        /* a custom forward may not honour logits_dev: host sampling then, unless it says it does */
+        .sample_be = (!cfg_in->forward || cfg_in->forward_logits_dev) && model_logits_on_device(m) ? model_backend(m)
+                                                                                                  : NULL,
     };
     if (tok_vocab_size(tok) > r.vocab)
         return specd_err_set(err, "engine: tokenizer vocabulary %d exceeds the model's %d", tok_vocab_size(tok),

@@ -1,6 +1,7 @@
 /*
- * tp.c: tensor-parallel serving (tp.h): the step message, the worker loop and
- * the shm model_comm adapter. The layout of the message is tp.h's.
+ * tp.c: tensor-parallel serving (tp.h): the step message, the worker loop,
+ * the shm model_comm adapter and the device collectives (host-staged shm,
+ * cuda_ipc, nccl) behind a model_comm. The layout of the message is tp.h's.
  * Threading: see tp.h.
  */
 #include <stdio.h>
@@ -8,6 +9,9 @@
 #include <string.h>
 
 #include "engine/runtime/tp.h"
+#include "engine/backend/cuda_backend.h"
+#include "engine/comm/comm_cuda_ipc.h"
+#include "engine/comm/comm_nccl.h"
 #include "engine/util/log.h"
 
 enum { TP_WANT_LOGITS = 1, TP_TREE = 2 };
@@ -28,6 +32,181 @@ void tp_model_comm_shm(comm *c, model_comm *out) {
     out->all_reduce = shm_all_reduce;
     out->all_gather = shm_all_gather;
     out->ctx = c;
+}
+
+/* ------------------------------------------------------------ collectives on device memory (tp.h) */
+
+struct tp_dev_comm {
+    tp_comm_kind kind;
+    comm *c;              /* the host group (bootstrap, staging, failure propagation) */
+    backend *be;
+    void *stream;         /* the backend's stream: every device collective is ordered with its ops */
+    comm_cuda_ipc *ipc;
+    comm_nccl *nccl;
+    float *host;          /* shm staging: grow-only host copy of the tensor being reduced / gathered */
+    size_t host_cap;      /* bytes */
+};
+
+int tp_comm_kind_parse(const char *s, tp_comm_kind *out, specd_err *err) {
+    static const char *names[] = {"auto", "shm", "cuda_ipc", "nccl"};
+    if (!s) s = "auto";
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (tp_comm_kind)i;
+            return 0;
+        }
+    return specd_err_set(err, "--tp-comm %s: must be one of auto, shm, cuda_ipc, nccl", s);
+}
+
+const char *tp_comm_kind_name(tp_comm_kind k) {
+    return k == TP_COMM_SHM ? "shm" : k == TP_COMM_CUDA_IPC ? "cuda_ipc" : k == TP_COMM_NCCL ? "nccl" : "auto";
+}
+
+tp_comm_kind tp_comm_kind_resolve(tp_comm_kind k, bool host_visible, int world) {
+    if (k != TP_COMM_AUTO) return k;
+    if (host_visible) return TP_COMM_SHM;
+    return world <= COMM_CUDA_IPC_MAX_WORLD ? TP_COMM_CUDA_IPC : TP_COMM_NCCL;
+}
+
+static float *dev_stage(tp_dev_comm *d, size_t bytes, specd_err *err) {
+    if (bytes > d->host_cap) {
+        float *p = realloc(d->host, bytes);
+        if (!p) {
+            specd_err_set(err, "out of memory staging %zu bytes of a collective", bytes);
+            return NULL;
+        }
+        d->host = p;
+        d->host_cap = bytes;
+    }
+    return d->host;
+}
+
+/* shm over host staging: download (waits for the stream), host collective, upload (queued on the stream). */
+static int staged_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    const size_t n = (size_t)x->rows * (size_t)x->cols, bytes = n * sizeof(float);
+    float *h = dev_stage(d, bytes, err);
+    if (!h) return -1;
+    if (d->be->ops->download(d->be->ctx, h, x->data, bytes) < 0)
+        return specd_err_set(err, "tensor parallel: downloading %zu bytes for the all-reduce", bytes);
+    if (comm_all_reduce_sum_f32(d->c, h, n, err) < 0) return -1;
+    if (d->be->ops->upload(d->be->ctx, x->data, h, bytes) < 0)
+        return specd_err_set(err, "tensor parallel: uploading the all-reduce's %zu bytes", bytes);
+    return 0;
+}
+static int staged_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    const size_t b = bk_nbytes(in), all = b * (size_t)comm_world(d->c);
+    if (bk_nbytes(out) < all) return specd_err_set(err, "tensor parallel: all-gather output of %zu bytes < %zu", bk_nbytes(out), all);
+    float *h = dev_stage(d, b + all, err);
+    if (!h) return -1;
+    char *mine = (char *)h, *gathered = (char *)h + b;
+    if (d->be->ops->download(d->be->ctx, mine, in->data, b) < 0)
+        return specd_err_set(err, "tensor parallel: downloading %zu bytes for the all-gather", b);
+    if (comm_all_gather(d->c, mine, b, gathered, err) < 0) return -1;
+    if (d->be->ops->upload(d->be->ctx, out->data, gathered, all) < 0)
+        return specd_err_set(err, "tensor parallel: uploading the all-gather's %zu bytes", all);
+    return 0;
+}
+
+static int ipc_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    return comm_cuda_ipc_all_reduce_sum_f32(d->ipc, bk_f32(x), bk_f32(x), (size_t)x->rows * (size_t)x->cols, d->stream,
+                                            err);
+}
+static int ipc_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    return comm_cuda_ipc_all_gather(d->ipc, in->data, out->data, bk_nbytes(in), d->stream, err);
+}
+static int nccl_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    return comm_nccl_all_reduce_sum(d->nccl, x->data, x->data, (size_t)x->rows * (size_t)x->cols, COMM_NCCL_F32,
+                                    d->stream, err);
+}
+static int nccl_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
+    tp_dev_comm *d = ctx;
+    return comm_nccl_all_gather(d->nccl, in->data, out->data, (size_t)in->rows * (size_t)in->cols, COMM_NCCL_F32,
+                                d->stream, err);
+}
+
+int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out, model_comm *mc, specd_err *err) {
+    *out = NULL;
+    const int world = comm_world(c);
+    kind = tp_comm_kind_resolve(kind, be->host_visible, world);
+    if (be->host_visible) {
+        if (kind != TP_COMM_SHM)
+            return specd_err_set(err, "--tp-comm %s needs a GPU backend (the %s backend's tensors are host memory: "
+                                      "use shm)", tp_comm_kind_name(kind), be->name);
+        tp_model_comm_shm(c, mc);
+        return 0;
+    }
+    tp_dev_comm *d = calloc(1, sizeof *d);
+    if (!d) return specd_err_set(err, "out of memory");
+    d->kind = kind;
+    d->c = c;
+    d->be = be;
+    d->stream = bk_cuda_stream(be);
+    mc->rank = comm_rank(c);
+    mc->size = world;
+    mc->ctx = d;
+    if (kind == TP_COMM_SHM) {
+        mc->all_reduce = staged_all_reduce;
+        mc->all_gather = staged_all_gather;
+    } else if (kind == TP_COMM_CUDA_IPC) {
+        if (world > COMM_CUDA_IPC_MAX_WORLD) {
+            free(d);
+            return specd_err_set(err, "--tp-comm cuda_ipc: at most %d ranks (use nccl)", COMM_CUDA_IPC_MAX_WORLD);
+        }
+        comm_cuda_ipc_config ic = {.device = bk_cuda_device(be)};
+        if (comm_cuda_ipc_create(c, &ic, &d->ipc, err) < 0) {
+            free(d);
+            return specd_err_wrap(err, "--tp-comm cuda_ipc on device %d", ic.device);
+        }
+        mc->all_reduce = ipc_all_reduce;
+        mc->all_gather = ipc_all_gather;
+    } else {
+        /* tests on one GPU only (GPU-NOTES section 1): NCCL < 2.30 refuses two ranks of one GPU; a distinct
+         * NCCL_HOSTID per rank process makes it see two hosts and talk sockets over loopback (function, not speed) */
+        const char *per = getenv("SPECD_TP_NCCL_HOSTID_PER_RANK");
+        if (per && !strcmp(per, "1")) {
+            char id[64];
+            snprintf(id, sizeof id, "specd-tp-rank%d", comm_rank(c));
+            setenv("NCCL_HOSTID", id, 1);
+            setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+            setenv("NCCL_IB_DISABLE", "1", 0);
+        }
+        if (comm_nccl_create(c, 0, &d->nccl, err) < 0) {
+            free(d);
+            return specd_err_wrap(err, "--tp-comm nccl on device %d", bk_cuda_device(be));
+        }
+        mc->all_reduce = nccl_all_reduce;
+        mc->all_gather = nccl_all_gather;
+    }
+    *out = d;
+    return 0;
+}
+
+int tp_dev_comm_sync(tp_dev_comm *d, specd_err *err) {
+    if (!d) return 0;
+    if (d->ipc) return comm_cuda_ipc_sync(d->ipc, d->stream, err);
+    if (d->nccl) return comm_nccl_poll(d->nccl, err) < 0 ? -1 : 0;
+    return 0;
+}
+
+tp_comm_kind tp_dev_comm_kind(const tp_dev_comm *d) { return d ? d->kind : TP_COMM_SHM; }
+
+void tp_dev_comm_abort(tp_dev_comm *d, const char *why) {
+    if (!d) return;
+    if (d->ipc) comm_cuda_ipc_abort(d->ipc, why);
+    if (d->nccl) comm_nccl_abort(d->nccl);
+}
+
+void tp_dev_comm_close(tp_dev_comm *d) {
+    if (!d) return;
+    comm_cuda_ipc_destroy(d->ipc);
+    comm_nccl_destroy(d->nccl);
+    free(d->host);
+    free(d);
 }
 
 /* ------------------------------------------------------------ the step message */
@@ -116,7 +295,8 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     /* the workers' logits exist only for a vocabulary-parallel LM head's all-gather */
     model_shard_info si;
     model_get_shard(m, &si);
-    const bool gather = b->logits && b->n_out > 0 && si.size > 1 && si.vocab_rows < model_get_config(m)->vocab;
+    const bool gather = (b->logits || b->logits_dev) && b->n_out > 0 && si.size > 1 &&
+                        si.vocab_rows < model_get_config(m)->vocab;
     *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
     p = tp_rows_write(p, T, b->tokens, b->pos, b->seq_of, S, b->block_tables, bs);
     if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
@@ -159,9 +339,13 @@ static int step_parse(const int32_t *msg, size_t n, int32_t n_blocks, int32_t bs
     return fl;
 }
 
-int tp_worker_run(comm *c, model *m, specd_err *err) { return tp_worker_run_ex(c, m, NULL, NULL, err); }
+int tp_worker_run(comm *c, model *m, specd_err *err) { return tp_worker_run_dev(c, m, NULL, NULL, NULL, err); }
 
 int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *octx, specd_err *err) {
+    return tp_worker_run_dev(c, m, NULL, on_other, octx, err);
+}
+
+int tp_worker_run_dev(comm *c, model *m, tp_dev_comm *dev, tp_other_fn on_other, void *octx, specd_err *err) {
     const size_t cap = comm_step_max_bytes(c);
     int32_t *msg = malloc(cap);
     const int32_t **tables = NULL;
@@ -188,7 +372,10 @@ int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *octx, specd_
         model_batch b;
         const int fl = step_parse(msg, n, model_kv_n_blocks(m), model_kv_block_size(m), &b, &tables, err);
         if (fl < 0) { comm_abort(c, err->msg); goto done; }
-        if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
+        bk_tensor dev_sink;
+        if ((fl & TP_WANT_LOGITS) && !model_backend(m)->host_visible) {
+            b.logits_dev = &dev_sink; /* the all-gather needs every rank; a device rank keeps its copy there */
+        } else if (fl & TP_WANT_LOGITS) { /* the all-gather needs every rank; the rows are rank 0's business */
             const size_t need = (size_t)b.n_out * (size_t)V;
             if (need > logits_cap) {
                 float *nl = realloc(logits, need * sizeof *nl);
@@ -198,9 +385,10 @@ int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *octx, specd_
             }
             b.logits = logits;
         }
-        if (model_forward(m, &b, err) < 0) {
+        if (model_forward(m, &b, err) < 0 || tp_dev_comm_sync(dev, err) < 0) {
             char why[COMM_REASON_MAX];
             snprintf(why, sizeof why, "worker forward failed: %.200s", err->msg);
+            tp_dev_comm_abort(dev, why);
             comm_abort(c, why);
             goto done;
         }
@@ -220,9 +408,10 @@ int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err) {
         comm_abort(r->c, err->msg);
         return -1;
     }
-    if (model_forward(r->m, b, err) < 0) {
+    if (model_forward(r->m, b, err) < 0 || tp_dev_comm_sync(r->dev, err) < 0) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "rank 0 forward failed: %.200s", err->msg);
+        tp_dev_comm_abort(r->dev, why);
         comm_abort(r->c, why);
         return -1;
     }

@@ -26,6 +26,8 @@
 #ifndef SPECD_RUNTIME_TP_H
 #define SPECD_RUNTIME_TP_H
 
+#include <stdbool.h>
+
 #include "engine/comm/comm.h"
 #include "engine/model/model.h"
 #include "engine/util/err.h"
@@ -49,6 +51,55 @@ const int32_t *tp_rows_read(const int32_t *p, const int32_t *end, int32_t n, int
  * (comm_all_reduce_sum_f32: fixed rank order, f32; comm_all_gather). */
 void tp_model_comm_shm(comm *c, model_comm *out);
 
+/* ------------------------------------------------------------ collectives on device memory
+ *
+ * The model_comm of a rank whose backend is not host-visible (the CUDA
+ * backend: weights, KV and activations in device memory), chosen by
+ * `--tp-comm`:
+ *   shm       the host group (comm_all_reduce_sum_f32 / comm_all_gather) over
+ *             host staging: each collective downloads its device tensor
+ *             (one stream synchronisation), runs the shm collective, uploads
+ *             the result. The same per-element rank-order f32 additions as
+ *             the CPU backend's TP, so on a device whose ops equal the CPU's
+ *             (the fake device of tests/backend) the logits equal CPU TP's
+ *             bit for bit; on a GPU it is deterministic and slow.
+ *   cuda_ipc  comm_cuda_ipc (engine/comm/comm_cuda_ipc.h): fixed rank order,
+ *             f32, the same bits as shm, on the backend's stream; K ranks may
+ *             share one GPU. Deterministic.
+ *   nccl      comm_nccl (NCCL's algorithm and order: NOT deterministic across
+ *             message sizes, so speculative greedy may differ from plain
+ *             greedy in the last bits); across nodes, or where IPC is refused.
+ *   auto      cuda_ipc on a device backend with at most 8 ranks (one host),
+ *             else nccl; shm on a host-visible backend.
+ * Only shm exists for a host-visible backend (tp_model_comm_shm). The step
+ * broadcast is the host comm's step channel in every case. */
+typedef enum { TP_COMM_AUTO = 0, TP_COMM_SHM, TP_COMM_CUDA_IPC, TP_COMM_NCCL } tp_comm_kind;
+
+/* "auto" | "shm" | "cuda_ipc" | "nccl" (NULL = auto); -1 with err otherwise. */
+int tp_comm_kind_parse(const char *s, tp_comm_kind *out, specd_err *err);
+const char *tp_comm_kind_name(tp_comm_kind k);
+/* auto resolved for a backend (host-visible or not) and a world size. */
+tp_comm_kind tp_comm_kind_resolve(tp_comm_kind k, bool host_visible, int world);
+
+typedef struct tp_dev_comm tp_dev_comm;
+
+/* Opens this rank's collectives over backend be (collective over c for
+ * cuda_ipc and nccl: every rank calls it at the same point of its start-up,
+ * each with its own backend) and fills *mc (valid until tp_dev_comm_close).
+ * A host-visible backend gets the plain shm adapter (kind must resolve to
+ * shm). Errors: -1 with the reason (the caller aborts the group). */
+int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out, model_comm *mc, specd_err *err);
+/* After a forward: waits for the device collectives of the step and reports
+ * a failure they saw (a peer's death, a device timeout, a mismatch); 0 when
+ * healthy. No-op for shm. */
+int tp_dev_comm_sync(tp_dev_comm *d, specd_err *err);
+tp_comm_kind tp_dev_comm_kind(const tp_dev_comm *d);
+/* Marks the device group failed (its waiting kernels return). NULL ok. */
+void tp_dev_comm_abort(tp_dev_comm *d, const char *why);
+/* NULL ok. Before the host comm c is destroyed (cuda_ipc's watchdog thread
+ * reads it until then), after the peers are done with collectives. */
+void tp_dev_comm_close(tp_dev_comm *d);
+
 /* Rank 0: posts batch b of model m to every worker (returns once it is
  * queued). Returns 0, -2 when it refused before sending anything (a batch
  * larger than the step channel's message size, out of memory: the group is
@@ -64,12 +115,16 @@ int tp_worker_run(comm *c, model *m, specd_err *err);
  * group. on_other NULL: such a message is an error. */
 typedef int (*tp_other_fn)(void *ctx, const int32_t *msg, size_t n, specd_err *err);
 int tp_worker_run_ex(comm *c, model *m, tp_other_fn on_other, void *ctx, specd_err *err);
+/* The same with the device collectives dev (NULL: none): every forward is
+ * followed by tp_dev_comm_sync, whose failure aborts the group. */
+int tp_worker_run_dev(comm *c, model *m, tp_dev_comm *dev, tp_other_fn on_other, void *ctx, specd_err *err);
 
 /* Rank 0: model_forward preceded by tp_step_post: the engine runner of a
  * tensor-parallel model. ctx: tp_runner. A failure aborts the group. */
 typedef struct tp_runner {
     model *m;
     comm *c;
+    tp_dev_comm *dev; /* device collectives (synced after each forward), or NULL */
 } tp_runner;
 int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err);
 

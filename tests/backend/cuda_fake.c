@@ -156,6 +156,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; FAKE_NOT_IN_CAPTURE(); return cudaSuccess; }
 cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; } /* one fake device: TP ranks share it */
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)8 << 30; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev) {
     (void)dev;

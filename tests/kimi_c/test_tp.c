@@ -114,7 +114,7 @@ static void test_tp2(void **st) {
     model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = &mc};
     model *m = NULL;
     if (model_load(dir, be, &o, &m, &err) < 0) fail_msg("model_load at TP 2: %s", err.msg);
-    tp_runner run = {m, ranks_comm(rk)};
+    tp_runner run = {m, ranks_comm(rk), NULL};
     kc_tp_runner = &run;
     const double worst = vs_transformers(m, fx, "TP 2");
     printf("kimi_c_tp: TP 2: 4 prompts: top-5 identical, worst |diff| %.3g of max|logit|, greedy identical, "
@@ -136,7 +136,7 @@ static void tp_start(const char *dir, int N, backend *be, ranks **rk, model_comm
     tp_model_comm_shm(ranks_comm(*rk), mc);
     model_load_opts o = {.block_size = KC_BS, .n_blocks = KC_MAXB, .tp = mc};
     if (model_load(dir, be, &o, m, &err) < 0) fail_msg("model_load at TP %d: %s", N, err.msg);
-    *run = (tp_runner){*m, ranks_comm(*rk)};
+    *run = (tp_runner){*m, ranks_comm(*rk), NULL};
 }
 
 static void check_wide(int N) {

@@ -50,7 +50,7 @@ static void tp_open(tp_case *t, const char *dir, int n) {
     t->be = bk_cpu_create(1);
     model_load_opts o = {.block_size = MH_BS, .n_blocks = MH_MAXB * MH_NSEQ, .tp = &t->mc};
     if (model_load(dir, t->be, &o, &t->m, &err) < 0) fail_msg("model_load at TP %d: %s", n, err.msg);
-    t->run = (tp_runner){t->m, ranks_comm(t->rk)};
+    t->run = (tp_runner){t->m, ranks_comm(t->rk), NULL};
 }
 
 static void tp_close(tp_case *t) {

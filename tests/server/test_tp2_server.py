@@ -43,7 +43,7 @@ if __name__ == "__main__" and not (os.access(sp.SPECD, os.X_OK) and os.path.exis
 
 import pytest  # noqa: E402
 
-COMMON = ["--max-model-len", "512", "--kv-cache-memory", "8M", "--threads", "1", "--served-model-name", "mini",
+COMMON = ["--device", "cpu", "--max-model-len", "512", "--kv-cache-memory", "8M", "--threads", "1", "--served-model-name", "mini",
           "--shutdown-timeout", "60", "--tensor-parallel-size", "2"]
 MAX_TOK = 400
 ATTEMPTS = 5

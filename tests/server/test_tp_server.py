@@ -37,7 +37,7 @@ import pytest  # noqa: E402
 
 SRC = os.environ.get("SPECD_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HEAD = os.path.join(SRC, "draft", "heads", "smollm2-135m-eagle3")
-COMMON = ["--max-model-len", "512", "--kv-cache-memory", "32M", "--threads", "1", "--served-model-name", "smollm2",
+COMMON = ["--device", "cpu", "--max-model-len", "512", "--kv-cache-memory", "32M", "--threads", "1", "--served-model-name", "smollm2",
           "--shutdown-timeout", "60"]
 PROMPTS = ["What is 17 + 25?", "Name three colours.", "Write one sentence about the sea.",
            "A farmer has 12 cows and buys 7 more. How many cows?", "Translate 'good morning' to French.",

@@ -334,7 +334,7 @@ static int setup(void **state) {
         return -1;
     }
     g_V = model_get_config(g_model)->vocab;
-    if (g_tp) g_tp_run = (tp_runner){g_model, ranks_comm(g_rk)};
+    if (g_tp) g_tp_run = (tp_runner){g_model, ranks_comm(g_rk), NULL};
     return 0;
 }
 

@@ -28,6 +28,7 @@
 #define cudaEventRecord fake_cudaEventRecord
 #define cudaEventSynchronize fake_cudaEventSynchronize
 #define cudaSetDevice fake_cudaSetDevice
+#define cudaGetDeviceCount fake_cudaGetDeviceCount
 #define cudaMemGetInfo fake_cudaMemGetInfo
 #define cudaGetDeviceProperties fake_cudaGetDeviceProperties
 #define cudaStreamBeginCapture fake_cudaStreamBeginCapture
@@ -69,6 +70,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);

@@ -1,0 +1,56 @@
+#!/bin/sh
+# tools/kn_emu/run_tp.sh BUILD_DIR: tensor parallelism with every rank on the
+# fake CUDA device (tests/backend/cuda_fake.c) and the collectives through
+# the REAL cuda_ipc communicator (engine/comm/comm_cuda_ipc.c and
+# kernels/kn_allreduce.cu, the kernel in the kn_emu CPU emulation, the peers'
+# regions memfd mappings): tests/backend/test_cuda_tp.c with
+# SPECD_TP_TEST_COMM=cuda_ipc, i.e. `--tp-comm cuda_ipc`'s adapter in
+# engine/runtime/tp.c (in-place all-reduce, the all-gather's rank-major
+# layout, the sync after each forward) on real rank processes. Logits must
+# equal CPU TP's bit for bit (cuda_ipc sums in rank order in f32, like shm).
+# Then tests/backend/test_cuda_tp_sample.c the same way: sampling on the
+# device at TP 2, with the device -> host bytes of every step checked (no
+# host staging under cuda_ipc).
+# The fake's CUDA names are renamed fake_*, so it links next to the
+# emulation's cudart. BUILD_DIR: a configured specd build with the engine's
+# and draft's static libraries built. Runs the HF minis (MODEL_HF_MINI_DIR,
+# default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$(cd "$1" && pwd)
+out=${KN_EMU_OUT:-"$build/kn_emu_tp"}
+mkdir -p "$out"
+CXX=${CXX:-g++}
+CC=${CC:-gcc}
+inc="-I$here/include -I$root"
+python3 "$here/kn_emu.py" "$root/kernels/kn_allreduce.cu" "$out/kn_allreduce.cpp"
+$CXX -std=c++17 -O2 -g -Wall -Wno-unused-function $inc -c "$out/kn_allreduce.cpp" -o "$out/kn_allreduce.o"
+$CXX -std=c++17 -O2 -g -Wall $inc -c "$here/kn_emu_runtime.cpp" -o "$out/kn_emu_runtime.o"
+objs=""
+for c in "$root"/engine/comm/*.c; do
+    o="$out/comm_$(basename "$c" .c).o"
+    $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off -DSPECD_HAVE_CUDA=1 $inc -c "$c" -o "$o"
+    objs="$objs $o"
+done
+# the test and the fake device: the project's own include path (the fake's header comes first by name)
+tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
+$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp.c" -o "$out/test_cuda_tp.o"
+$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp_sample.c" \
+    -o "$out/test_cuda_tp_sample.o"
+$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/cuda_fake.c" -o "$out/cuda_fake.o"
+# the TP adapter compiled from the source here (not taken from BUILD_DIR's library, which may be older)
+$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off -I"$root" -c "$root/engine/runtime/tp.c" -o "$out/tp.o"
+lib="$build/engine"
+libs="$build/draft/libspecd_draft.a $lib/libspecd_runtime.a $lib/libspecd_model.a $lib/libspecd_tokenizer.a
+      $lib/libspecd_loader.a $lib/libspecd_backend.a $build/kernels/libspecd_kn_pack.a $lib/libspecd_util.a"
+for t in test_cuda_tp test_cuda_tp_sample; do
+    # shellcheck disable=SC2086
+    $CXX -o "$out/$t" "$out/$t.o" "$out/cuda_fake.o" "$out/tp.o" $objs "$out/kn_allreduce.o" "$out/kn_emu_runtime.o" \
+        $libs -ljansson -lpcre2-8 -lcrypto -lpthread -lm
+done
+export MODEL_HF_MINI_DIR=${MODEL_HF_MINI_DIR:-"$build/model_hf_mini"} SPECD_MODEL_GGUF= SPECD_TP_TEST_COMM=cuda_ipc
+echo "== backend_cuda_tp with --tp-comm cuda_ipc (kn_emu)"
+"$out/test_cuda_tp"
+echo "== backend_cuda_tp_sample with --tp-comm cuda_ipc (kn_emu): device sampling at TP 2, bytes per step checked"
+exec "$out/test_cuda_tp_sample"
