@@ -9,11 +9,12 @@
  * run. Threads split the output rows; no split-K.
  *
  * Memory traffic: rows are processed in chunks so a weight row is read from
- * memory once and reused from L1 for all T tokens. On the 2-vCPU Zen 4
- * development VM a one-thread decode step is bound by the kernels'
- * instructions (~7.5 GB/s of the ~19.5 GB/s one core streams), so each token
- * added to a pass costs about half a decode step (docs/engine.md, "Where a
- * decode step goes").
+ * memory once and reused from L1 for all T tokens (and, on AVX-512, a token's
+ * activations once for 2-4 rows). On the 2-vCPU Zen 4 development VM a
+ * one-thread decode step streams ~7.5 GB/s of the ~19.5 GB/s one core can,
+ * and each token added to a pass costs ~0.27 decode steps of arithmetic that
+ * the numerics fix (docs/engine.md, "Verify steps: where the extra tokens
+ * go").
  * Block-quantized weights (Q8_0, Q4_0, Q4_1) are used in their packed blocks
  * and dotted in integers with activations quantized to int16 with one scale
  * per group of 4 columns (x ~= s * X, s = max|x| / 32767 over the group,
