@@ -224,6 +224,9 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
         const int32_t t = (int32_t)(it / n_heads), h = (int32_t)(it % n_heads);
         const int32_t seq = m->seq_of[t], len = m->pos[t] + 1, kvh = h / group;
         const float *qh = j->q + ((size_t)t * n_heads + h) * hd;
+        __m256 q8[8];
+        if (hd == 64)
+            for (int r = 0; r < 8; r++) q8[r] = _mm256_loadu_ps(qh + 8 * r);
         float mx = -INFINITY;
         /* positions walked block by block: one block-table read per block, no division per position */
         size_t kb = 0;
@@ -233,6 +236,17 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
             const float *kp = kv_vals(kv->k, kv->k16, kb + (size_t)slot * row, hd, tmp);
             __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
             int32_t i = 0;
+            if (hd == 64) { /* the loop below unrolled, q in registers: the same FMAs in the same order */
+                a = _mm256_fmadd_ps(q8[0], _mm256_loadu_ps(kp), a);
+                b = _mm256_fmadd_ps(q8[1], _mm256_loadu_ps(kp + 8), b);
+                a = _mm256_fmadd_ps(q8[2], _mm256_loadu_ps(kp + 16), a);
+                b = _mm256_fmadd_ps(q8[3], _mm256_loadu_ps(kp + 24), b);
+                a = _mm256_fmadd_ps(q8[4], _mm256_loadu_ps(kp + 32), a);
+                b = _mm256_fmadd_ps(q8[5], _mm256_loadu_ps(kp + 40), b);
+                a = _mm256_fmadd_ps(q8[6], _mm256_loadu_ps(kp + 48), a);
+                b = _mm256_fmadd_ps(q8[7], _mm256_loadu_ps(kp + 56), b);
+                i = hd;
+            }
             for (; i + 16 <= hd; i += 16) {
                 a = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(kp + i), a);
                 b = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i + 8), _mm256_loadu_ps(kp + i + 8), b);
@@ -245,6 +259,31 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
         float *oh = j->out + ((size_t)t * n_heads + h) * hd;
         for (int32_t c0 = 0; c0 < hd; c0 += 64) { /* 64 dims (8 registers) per pass over the positions */
             const int32_t nr = (hd - c0 < 64 ? hd - c0 : 64) / 8;
+            float num[64];
+            if (nr == 8) { /* the loop below with 8 named accumulators: GCC keeps a runtime-bound acc[] in
+                            * memory (a store-forwarding round trip per FMA); the same FMAs in the same order */
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+                size_t vb = 0;
+                for (int32_t p = 0, slot = bs; p < len; p++, slot++) {
+                    if (slot == bs) vb = kv_slot(kv, m, seq, p) + (size_t)kvh * hd + c0, slot = 0;
+                    if (s[p] == 0.0f) continue;
+                    const float *vp = kv_vals(kv->v, kv->v16, vb + (size_t)slot * row, 64, tmp);
+                    const __m256 w = _mm256_set1_ps(s[p]);
+                    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp), a0);
+                    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8), a1);
+                    a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 16), a2);
+                    a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 24), a3);
+                    a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 32), a4);
+                    a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 40), a5);
+                    a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 48), a6);
+                    a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 56), a7);
+                }
+                _mm256_storeu_ps(num, a0), _mm256_storeu_ps(num + 8, a1), _mm256_storeu_ps(num + 16, a2);
+                _mm256_storeu_ps(num + 24, a3), _mm256_storeu_ps(num + 32, a4), _mm256_storeu_ps(num + 40, a5);
+                _mm256_storeu_ps(num + 48, a6), _mm256_storeu_ps(num + 56, a7);
+                for (int32_t i = 0; i < 64; i++) oh[c0 + i] = (float)((double)num[i] / sum);
+                continue;
+            }
             __m256 acc[8];
             for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
             size_t vb = 0;
@@ -255,7 +294,6 @@ __attribute__((target("avx2,fma"))) static void attn_items_avx2(void *va, int64_
                 const __m256 w = _mm256_set1_ps(s[p]);
                 for (int r = 0; r < nr; r++) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8 * r), acc[r]);
             }
-            float num[64];
             for (int r = 0; r < nr; r++) _mm256_storeu_ps(num + 8 * r, acc[r]);
             for (int32_t i = 0; i < 8 * nr; i++) oh[c0 + i] = (float)((double)num[i] / sum);
         }

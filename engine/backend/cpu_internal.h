@@ -201,6 +201,16 @@ void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t col
 void cpu512_idot_rows(int ext, fused_kind kind, int nr, const uint8_t *w, size_t row_bytes, int64_t cols,
                       const xq_rows *xq, int32_t t, float *out);
 
+/* Most rows per pass of cpu512_idot_rn. */
+#define CPU512_RN_MAX_NR 3
+
+/* The same dot for nr consecutive rows w, w + row_bytes, ... and nt tokens
+ * t0..t0+nt-1 (nr = 2: nt = 2..CPU512_MAX_NT; nr = 3: nt = 2 or 3):
+ * out[u * ldo + r] bit-identical to cpu512_idot of row r alone, token t0 + u
+ * alone. */
+void cpu512_idot_rn(int ext, fused_kind kind, int nr, int nt, const uint8_t *w, size_t row_bytes, int64_t cols,
+                    const xq_rows *xq, int32_t t0, float *out, size_t ldo);
+
 /* f32 dot of one plain row (FK_F32 / FK_BF16 / FK_F16) of n values with nt
  * activation rows x + u * ldx. */
 void cpu512_fdot(fused_kind kind, int nt, const uint8_t *w, int64_t n, const float *x, size_t ldx, float *out);

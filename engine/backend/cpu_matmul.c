@@ -9,11 +9,12 @@
  * run. Threads split the output rows; no split-K.
  *
  * Memory traffic: rows are processed in chunks so a weight row is read from
- * memory once and reused from L1 for all T tokens. On the 2-vCPU Zen 4
- * development VM a one-thread decode step is bound by the kernels'
- * instructions (~7.5 GB/s of the ~19.5 GB/s one core streams), so each token
- * added to a pass costs about half a decode step (docs/engine.md, "Where a
- * decode step goes").
+ * memory once and reused from L1 for all T tokens (and, on AVX-512, a token's
+ * activations once for 2-4 rows). On the 2-vCPU Zen 4 development VM a
+ * one-thread decode step streams ~7.5 GB/s of the ~19.5 GB/s one core can,
+ * and each token added to a pass costs ~0.27 decode steps of arithmetic that
+ * the numerics fix (docs/engine.md, "Verify steps: where the extra tokens
+ * go").
  * Block-quantized weights (Q8_0, Q4_0, Q4_1) are used in their packed blocks
  * and dotted in integers with activations quantized to int16 with one scale
  * per group of 4 columns (x ~= s * X, s = max|x| / 32767 over the group,
@@ -480,7 +481,10 @@ typedef struct mm_job {
 /* Rows [r0, r1) for every token: each row unpacked once, then dotted with the
  * tokens four (AVX2) or eight (AVX-512) at a time; one token on AVX-512: four
  * rows at a time (cpu512_idot_rows: independent chains, the token's
- * activations loaded once for the four). */
+ * activations loaded once for the four); several tokens on AVX-512 (verify,
+ * prefill, small batches): two or three rows per pass (cpu512_idot_rn), the
+ * rows left over one at a time. Every path gives a (row, token) the same
+ * operations in the same order, so the grouping never changes a bit. */
 static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
     mm_job *j = va;
     const bk_weight *w = j->w;
@@ -510,7 +514,26 @@ static void mm_rows(void *va, int64_t r0, int64_t r1, int tid) {
                                  y + r);
             return;
         }
-        for (int64_t r = r0; r < r1; r++) {
+        int64_t r = r0;
+        /* several tokens: NR rows per pass (cpu512_idot_rn); three rows where the tokens are few enough for
+         * their accumulators to stay in registers (measured: 2-3 tokens 1.1-1.2x faster with 3 rows than
+         * with 2; 4-5 tokens faster with 2) */
+        const int NR = j->T <= 3 ? 3 : 2;
+        if (j->xq)
+            for (; r + NR <= r1; r += NR) {
+                const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {
+                    const int32_t n = j->T - t < CPU512_MAX_NT ? j->T - t : CPU512_MAX_NT;
+                    if (n == 1) { /* the last of 8k + 1 tokens */
+                        cpu512_idot_rows(j->ctx->avx512x, (fused_kind)kind, NR, wr, w->row_bytes,
+                                         cols, j->xq, t, y + (size_t)t * rows + r);
+                        continue;
+                    }
+                    cpu512_idot_rn(j->ctx->avx512x, (fused_kind)kind, NR, n, wr, w->row_bytes, cols, j->xq, t,
+                                   y + (size_t)t * rows + r, (size_t)rows);
+                }
+            }
+        for (; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
             for (int32_t t = 0; t < j->T; t += CPU512_MAX_NT) {
                 const int32_t n = j->T - t < CPU512_MAX_NT ? j->T - t : CPU512_MAX_NT;

@@ -238,6 +238,118 @@ void cpu512_idot(int ext, fused_kind kind, int nt, const uint8_t *w, int64_t col
     IDOT512[ext != 0][kind][nt - 1](w, cols, xq, t0, out);
 }
 
+/* ------------------------------------------- several rows, several tokens
+ * A verify step (k + 1 tokens of one sequence) or a small batch runs idot_n
+ * once per row: each row's pass has a single weight stream with nothing to
+ * overlap its loads (perf: ~20% of the 4-token kernel's samples sat on the
+ * weight load), reloads every token's activations and scales for every row,
+ * and pays the row's prologue and epilogue (four horizontal sums, the
+ * m-terms) over only 9 block pairs (576 columns). These kernels take NR rows
+ * x NT tokens per pass: per (row, token) exactly idot_n's operations in
+ * idot_n's order on the same values (so the same bits as NT = 1, NR = 1),
+ * the NR rows' weights unpacked once per block pair, each token's
+ * activations and scales loaded once per block pair for the NR rows, and the
+ * next row group's weights prefetched. out[u * ldo + r]: token t0 + u, row r.
+ */
+#define DEF_IDOT_RN(NAME, ATTR, LOAD_PAIR, PSUM)                                                                   \
+    ATTR static inline void NAME(fused_kind K, const int NR, const int NT, const uint8_t *w, size_t row_bytes,     \
+                                 int64_t cols, const xq_rows *xq, int32_t t0, float *out, size_t ldo) {           \
+        const int64_t nb = cols / 32;                                                                              \
+        const size_t bs = K == FK_Q8_0 ? 34 : K == FK_Q4_1 ? 20 : 18;                                             \
+        __m512 acc[CPU512_RN_MAX_NR][CPU512_MAX_NT];                                                               \
+        __m256 am[CPU512_RN_MAX_NR][CPU512_MAX_NT], tail[CPU512_RN_MAX_NR][CPU512_MAX_NT];                         \
+        float mt[CPU512_RN_MAX_NR][CPU512_MAX_NT], mb[CPU512_RN_MAX_NR][IDOT_CHUNK];                               \
+        int has_tail = 0;                                                                                          \
+        CPU_UNROLL for (int r = 0; r < NR; r++) CPU_UNROLL for (int u = 0; u < NT; u++) {                          \
+                acc[r][u] = _mm512_setzero_ps();                                                                   \
+                am[r][u] = tail[r][u] = _mm256_setzero_ps();                                                       \
+                mt[r][u] = 0.0f;                                                                                   \
+            }                                                                                                      \
+        for (int64_t c0 = 0; c0 < nb; c0 += IDOT_CHUNK) {                                                          \
+            const int64_t c1 = nb - c0 < IDOT_CHUNK ? nb : c0 + IDOT_CHUNK;                                       \
+            int64_t b = c0;                                                                                        \
+            for (; b + 1 < c1; b += 2) {                                                                           \
+                __m512i wl[CPU512_RN_MAX_NR], wh[CPU512_RN_MAX_NR];                                                \
+                __m512 dv[CPU512_RN_MAX_NR];                                                                       \
+                CPU_UNROLL for (int r = 0; r < NR; r++) {                                                          \
+                    const uint8_t *wr = w + (size_t)r * row_bytes;                                                 \
+                    _mm_prefetch((const char *)(wr + (size_t)NR * row_bytes + (size_t)b * bs), _MM_HINT_T0);       \
+                    LOAD_PAIR(K, wr, b, &wl[r], &wh[r], &dv[r], &mb[r][b - c0]);                                   \
+                }                                                                                                  \
+                CPU_UNROLL for (int u = 0; u < NT; u++) {                                                          \
+                    const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                          \
+                    const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                                   \
+                    const __m512i xl = _mm512_loadu_si512((const void *)xb),                                       \
+                                  xh = _mm512_loadu_si512((const void *)(xb + 32));                                \
+                    const __m512 sv = _mm512_loadu_ps(xq->s + 8 * sb);                                             \
+                    CPU_UNROLL for (int r = 0; r < NR; r++) {                                                      \
+                        const __m512i p = PSUM(wl[r], wh[r], xl, xh);                                              \
+                        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv[r], sv), acc[r][u]);  \
+                    }                                                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+            if (b < c1) { /* only at the row's end: c1 == nb, nb odd */                                            \
+                has_tail = 1;                                                                                      \
+                CPU_UNROLL for (int r = 0; r < NR; r++) CPU_UNROLL for (int u = 0; u < NT; u++) {                  \
+                        const int16_t *xb = xq->X + (size_t)(t0 + u) * (size_t)cols + b * 32;                      \
+                        const size_t sb = (size_t)(t0 + u) * (size_t)nb + (size_t)b;                               \
+                        tail[r][u] = idot_tail(K, w + (size_t)r * row_bytes, b, xb, xq->s + 8 * sb,               \
+                                               _mm512_castps512_ps256(acc[r][u]), &mb[r][b - c0]);                 \
+                    }                                                                                              \
+            }                                                                                                      \
+            if (K == FK_Q8_0) continue;                                                                            \
+            CPU_UNROLL for (int r = 0; r < NR; r++) CPU_UNROLL for (int u = 0; u < NT; u++) {                      \
+                    const float *xsum = xq->sum + (size_t)(t0 + u) * (size_t)nb + c0;                              \
+                    int64_t i = 0;                                                                                 \
+                    for (; i + 8 <= c1 - c0; i += 8)                                                               \
+                        am[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(mb[r] + i), _mm256_loadu_ps(xsum + i), am[r][u]); \
+                    for (; i < c1 - c0; i++) mt[r][u] += mb[r][i] * xsum[i];                                       \
+                }                                                                                                  \
+        }                                                                                                          \
+        CPU_UNROLL for (int r = 0; r < NR; r++) CPU_UNROLL for (int u = 0; u < NT; u++) {                          \
+                const __m256 a0 = has_tail ? tail[r][u] : _mm512_castps512_ps256(acc[r][u]);                       \
+                const __m256 a1 = _mm512_extractf32x8_ps(acc[r][u], 1);                                            \
+                out[(size_t)u * ldo + (size_t)r] = cpu_hsum8(_mm256_add_ps(a0, a1)) + (cpu_hsum8(am[r][u]) + mt[r][u]); \
+            }                                                                                                      \
+    }
+DEF_IDOT_RN(idot_rn_std, T512I, iq_load_pair, psum_std)
+DEF_IDOT_RN(idot_rn_x, T512XI, iq_load_pair_x, psum_x)
+
+#define DEF_IDOTRN512(NR, NT, K)                                                                                   \
+    T512 static void idotrn512_##NR##_##NT##_##K(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq,     \
+                                                 int32_t t0, float *o, size_t ldo) {                               \
+        idot_rn_std(K, NR, NT, w, rb, cols, xq, t0, o, ldo);                                                       \
+    }                                                                                                              \
+    T512X static void idotrnx_##NR##_##NT##_##K(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq,      \
+                                                int32_t t0, float *o, size_t ldo) {                                \
+        idot_rn_x(K, NR, NT, w, rb, cols, xq, t0, o, ldo);                                                         \
+    }
+#define DEF_IDOTRN512_NT(NR, K)                                                                                    \
+    DEF_IDOTRN512(NR, 2, K) DEF_IDOTRN512(NR, 3, K) DEF_IDOTRN512(NR, 4, K) DEF_IDOTRN512(NR, 5, K)               \
+        DEF_IDOTRN512(NR, 6, K) DEF_IDOTRN512(NR, 7, K) DEF_IDOTRN512(NR, 8, K)
+DEF_IDOTRN512_NT(2, FK_Q8_0)
+DEF_IDOTRN512_NT(2, FK_Q4_0)
+DEF_IDOTRN512_NT(2, FK_Q4_1)
+DEF_IDOTRN512(3, 2, FK_Q8_0) DEF_IDOTRN512(3, 3, FK_Q8_0)
+DEF_IDOTRN512(3, 2, FK_Q4_0) DEF_IDOTRN512(3, 3, FK_Q4_0)
+DEF_IDOTRN512(3, 2, FK_Q4_1) DEF_IDOTRN512(3, 3, FK_Q4_1)
+
+typedef void (*idotrn512_fn)(const uint8_t *w, size_t rb, int64_t cols, const xq_rows *xq, int32_t t0, float *o,
+                             size_t ldo);
+#define IDOTRN_ROW2(P, K)                                                                                          \
+    {NULL, P##_2_2_##K, P##_2_3_##K, P##_2_4_##K, P##_2_5_##K, P##_2_6_##K, P##_2_7_##K, P##_2_8_##K}
+#define IDOTRN_ROW3(P, K) {NULL, P##_3_2_##K, P##_3_3_##K, NULL, NULL, NULL, NULL, NULL}
+static const idotrn512_fn IDOTRN512[2][2][3][CPU512_MAX_NT] = {
+    {{IDOTRN_ROW2(idotrn512, FK_Q8_0), IDOTRN_ROW2(idotrn512, FK_Q4_0), IDOTRN_ROW2(idotrn512, FK_Q4_1)},
+     {IDOTRN_ROW2(idotrnx, FK_Q8_0), IDOTRN_ROW2(idotrnx, FK_Q4_0), IDOTRN_ROW2(idotrnx, FK_Q4_1)}},
+    {{IDOTRN_ROW3(idotrn512, FK_Q8_0), IDOTRN_ROW3(idotrn512, FK_Q4_0), IDOTRN_ROW3(idotrn512, FK_Q4_1)},
+     {IDOTRN_ROW3(idotrnx, FK_Q8_0), IDOTRN_ROW3(idotrnx, FK_Q4_0), IDOTRN_ROW3(idotrnx, FK_Q4_1)}}};
+
+void cpu512_idot_rn(int ext, fused_kind kind, int nr, int nt, const uint8_t *w, size_t row_bytes, int64_t cols,
+                    const xq_rows *xq, int32_t t0, float *out, size_t ldo) {
+    IDOTRN512[nr - 2][ext != 0][kind][nt - 1](w, row_bytes, cols, xq, t0, out, ldo);
+}
+
 /* ------------------------------------------------ one token, several rows
  * A decode step (and the LM head of any step with one output) has one
  * token: idot_n then runs a single FMA chain per row and waits on each

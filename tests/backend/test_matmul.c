@@ -310,6 +310,67 @@ static void test_matmul_n_avx512(void **s) { (void)s; run_matmul_n(ISA_AVX512); 
 static void test_matmul_n_avx2(void **s) { (void)s; run_matmul_n(ISA_AVX2); }
 static void test_matmul_n_portable(void **s) { (void)s; run_matmul_n(ISA_PORTABLE); }
 
+/* Small M (a verify step of k + 1 tokens, a small batch): every row count 1..10 (so each rows-per-pass
+ * group of the several-token kernels ends in every remainder) and M = 2..9 tokens (the 8-token groups,
+ * 8k + 1 with a one-token last group), 1 and 2 threads: each token's outputs equal, bit for bit, the
+ * same token alone (M = 1, the decode kernels), the AVX2 level's (the AVX-512 levels), and the
+ * reference within the path's bound (check_close). The block formats and f32 rows. */
+static void run_small_m(isa_level isa) {
+    const bk_wtype types[] = {BK_W_Q4_1, BK_W_Q8_0, BK_W_Q4_0, BK_W_F32};
+    const int64_t ncols[2] = {576, 352}; /* SmolLM2's hidden size (18 blocks), 11 blocks (an odd tail) */
+    backend *b[2] = {create_isa(isa, 1), create_isa(isa, 2)};
+    if (isa != ISA_PORTABLE && !strstr(bk_cpu_describe(b[0]), isa == ISA_AVX2 ? "avx2" : "avx512")) {
+        print_message("this CPU has no %s: skipped\n", ISA_NAME[isa]);
+        bk_cpu_destroy(b[0]);
+        bk_cpu_destroy(b[1]);
+        skip();
+    }
+    backend *ref2 = isa >= ISA_AVX512BASE ? create_isa(ISA_AVX2, 1) : NULL;
+    enum { MAXT = 9, MAXR = 10 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int ci = 0; ci < 2; ci++) {
+            const int64_t C = ncols[ci];
+            wmat m;
+            make_weight(&m, types[ti], MAXR, C);
+            float *x = malloc(sizeof(float) * MAXT * (size_t)C), *y1 = malloc(sizeof(float) * MAXT * MAXR),
+                  *y = malloc(sizeof(float) * MAXT * MAXR), *y2 = malloc(sizeof(float) * MAXT * MAXR);
+            for (int64_t i = 0; i < MAXT * C; i++) x[i] = frand();
+            for (int64_t i = 0; i < C; i += 32) x[3 * C + i + 9] = -250.0f; /* token 3: an outlier per block */
+            for (int64_t rows = 1; rows <= MAXR; rows++) {
+                bk_weight sub = m.w;
+                sub.rows = rows;
+                for (int32_t t = 0; t < MAXT; t++) /* M = 1: the decode kernels */
+                    assert_int_equal(bk_matmul_f32(b[0], &sub, x + (size_t)t * C, 1, y1 + (size_t)t * rows), 0);
+                for (int32_t M = 2; M <= MAXT; M++)
+                    for (int th = 0; th < 2; th++) {
+                        assert_int_equal(bk_matmul_f32(b[th], &sub, x, M, y), 0);
+                        for (int64_t i = 0; i < M * rows; i++)
+                            if (memcmp(&y[i], &y1[i], sizeof(float)))
+                                fail_msg("%s type %d cols %lld rows %lld M %d threads %d token %lld row %lld: %.9g "
+                                         "!= M = 1 %.9g",
+                                         ISA_NAME[isa], (int)types[ti], (long long)C, (long long)rows, M, th + 1,
+                                         (long long)(i / rows), (long long)(i % rows), y[i], y1[i]);
+                    }
+                if (ref2) { /* the AVX2 level at M = 4 (verify of 3 drafts) */
+                    assert_int_equal(bk_matmul_f32(ref2, &sub, x, 4, y2), 0);
+                    assert_memory_equal(y2, y1, sizeof(float) * 4 * (size_t)rows);
+                }
+            }
+            /* the full 10 rows at M = 5 against the reference */
+            assert_int_equal(bk_matmul_f32(b[0], &m.w, x, 5, y), 0);
+            check_close(&m, x, 5, y, is_block(types[ti]) && isa != ISA_PORTABLE);
+            free(x); free(y1); free(y); free(y2);
+            free_weight(&m);
+        }
+    bk_cpu_destroy(b[0]);
+    bk_cpu_destroy(b[1]);
+    bk_cpu_destroy(ref2);
+}
+static void test_small_m_avx512(void **s) { (void)s; run_small_m(ISA_AVX512); }
+static void test_small_m_avx512base(void **s) { (void)s; run_small_m(ISA_AVX512BASE); }
+static void test_small_m_avx2(void **s) { (void)s; run_small_m(ISA_AVX2); }
+static void test_small_m_portable(void **s) { (void)s; run_small_m(ISA_PORTABLE); }
+
 #define FORMAT_TESTS(T)                                                                      \
     static void test_##T##_avx512(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512); }   \
     static void test_##T##_avx512base(void **s) { (void)s; run_format(BK_W_##T, ISA_AVX512BASE); } \
@@ -331,6 +392,8 @@ int main(void) {
         T2(F32), T2(BF16), T2(F16), T2(Q8_0), T2(Q4_0), T2(Q4_1), T2(I4G32),
         cmocka_unit_test(test_matmul_n_avx512), cmocka_unit_test(test_matmul_n_avx2),
         cmocka_unit_test(test_matmul_n_portable),
+        cmocka_unit_test(test_small_m_avx512), cmocka_unit_test(test_small_m_avx512base),
+        cmocka_unit_test(test_small_m_avx2), cmocka_unit_test(test_small_m_portable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
