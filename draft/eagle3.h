@@ -84,6 +84,13 @@ typedef struct eagle3_opts {
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
     uint64_t seed;         /* draft sampling RNG seed of sequences the engine does not seed (proposer seed_seq) */
+    int32_t aux_rows;      /* > 0, head on the target's device backend: reserve the target's fixed aux
+                            * buffer for steps of up to this many tokens (model_aux_reserve; the bundle: the
+                            * engine's --max-num-batched-tokens) so the features never leave the device
+                            * (proposer extend_rows); 0: features come as host rows (extend) */
+    int32_t feat_chunks;   /* device backends: chunks (of the KV block size in rows) of the feature pool the
+                            * pending pairs' features wait in; <= 0: 2 (max_rows / bs + 1) + max_seqs
+                            * (ceil((max_k + 2) / bs) + 1) */
     backend *be;           /* backend the head computes on (not owned); NULL = the target's. On the
                             * target's device backend the head shares the target's placed embedding (and
                             * LM head when it uses it whole) and keeps weights, KV and buffers in device

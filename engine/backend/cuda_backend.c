@@ -52,6 +52,7 @@
 #include "engine/backend/cuda_backend.h"
 
 #include <stdbool.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +103,21 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
     } while (0)
 
 /* Checks a cuda* / kn_* return value inside a function returning int. */
+/* The reason of the last failure on this thread, for bk_ops.last_error (the engine puts it in the failed
+ * requests' error and its log line; review finding F5). Ops run on the engine thread only. */
+static _Thread_local char cu_last_err[384];
+__attribute__((format(printf, 1, 2))) static void cu_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cu_last_err, sizeof cu_last_err, fmt, ap); /* truncated when longer: a reason, not data */
+    va_end(ap);
+}
 #define CU_CHECK(call)                                                                                  \
     do {                                                                                                \
         int cu_rc_ = (int)(call);                                                                       \
         if (cu_rc_ != 0) {                                                                              \
             LOG_ERROR("cuda backend: %s:%d: %s: %s", __FILE__, __LINE__, #call, kn_strerror(cu_rc_));  \
+            cu_note("%s:%d: %s: %s", __FILE__, __LINE__, #call, kn_strerror(cu_rc_));                   \
             return -1;                                                                                  \
         }                                                                                               \
     } while (0)
@@ -115,6 +126,7 @@ size_t bk_cuda_arena_used(const backend *b) { (void)b; return 0; }
     do {                                                      \
         if (!(cond)) {                                        \
             LOG_ERROR("cuda backend: " __VA_ARGS__);          \
+            cu_note(__VA_ARGS__);                             \
             return -1;                                        \
         }                                                     \
     } while (0)
@@ -164,6 +176,7 @@ typedef struct cu_ctx {
     size_t sm_scratch_bytes;
     int32_t sm_vocab;
     bool fixed_shape;              /* meta_upload: stride bt_cap, max_len o.max_len (graph steps) */
+    int32_t fixed_len;             /* > 0: the max_len fixed_shape bakes in instead of o.max_len (a length class) */
     bool capturing;                /* between graph begin and end */
     long graph_launches;           /* replays so far (logs, tests) */
     char name[256];
@@ -328,6 +341,11 @@ static int cu_download(void *vctx, void *dst_host, const void *src, size_t bytes
     return cu_flags_check(c);
 }
 
+static const char *cu_last_error(void *vctx) {
+    (void)vctx;
+    return cu_last_err[0] ? cu_last_err : "no reason recorded";
+}
+
 static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
     cu_ctx *c = vctx;
     CU_REQUIRE(src->type <= BK_W_Q4_1, "weight [%lld x %lld]: format %d has no CUDA kernel (I4G32 is CPU-only)",
@@ -381,7 +399,9 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
         if (p / bs + 1 > stride) stride = p / bs + 1;
     }
     if (c->fixed_shape) { /* a graph step: launch parameters that do not depend on the step's positions */
-        max_len = c->o.max_len;
+        const int32_t bound = c->fixed_len > 0 && c->fixed_len < c->o.max_len ? c->fixed_len : c->o.max_len;
+        CU_REQUIRE(max_len <= bound, "graph step with position %d past its graph's length class %d", max_len - 1, bound);
+        max_len = bound;
         stride = c->bt_cap;
     }
     /* rows [n_seqs, stride]: sequence s's logical blocks 0 .. (its largest position) / block_size */
@@ -1027,6 +1047,7 @@ static void cu_graph_destroy(void *vctx, void *exec) {
 }
 
 static void cu_graph_fixed_shape(void *vctx, bool on) { ((cu_ctx *)vctx)->fixed_shape = on; }
+static void cu_graph_fixed_len(void *vctx, int32_t max_len) { ((cu_ctx *)vctx)->fixed_len = max_len > 0 ? max_len : 0; }
 
 static const bk_graph_ops CUDA_GRAPH_OPS = {
     .begin = cu_graph_begin,
@@ -1034,6 +1055,7 @@ static const bk_graph_ops CUDA_GRAPH_OPS = {
     .launch = cu_graph_launch,
     .destroy = cu_graph_destroy,
     .fixed_shape = cu_graph_fixed_shape,
+    .fixed_len = cu_graph_fixed_len,
 };
 
 static const bk_ops CUDA_OPS = {
@@ -1054,6 +1076,7 @@ static const bk_ops CUDA_OPS = {
     .buf_free = cu_buf_free,
     .upload = cu_upload,
     .download = cu_download,
+    .last_error = cu_last_error,
     .weight_place = cu_weight_place,
     .meta_upload = cu_meta_upload,
     .meta_release = cu_meta_release,
