@@ -27,7 +27,11 @@
  *      the path before) the device engine's bytes are the table PLUS exactly
  *      the aux rows of every step and a second 8-byte read of the error flags
  *      (the check above tells the two apart);
- *   5. no host pointer reached a device op.
+ *   5. the feature pool through truncates (into the settled pairs and past
+ *      them), re-sent features and freed sequences (test_pool_truncate):
+ *      drafts equal the CPU head's, and a 4-chunk pool does not run out over
+ *      6 sequences one after the other (no chunk leaked);
+ *   6. no host pointer reached a device op.
  * Needs the SmolLM2 GGUF; skips (77) without it.
  */
 #include <stdio.h>
@@ -188,6 +192,75 @@ static void expect_same(const char *what, const run_out *a, const run_out *b) {
     EXPECT(b->draft_steps >= 5, "%s: only %d steps drafted", what, b->draft_steps);
 }
 
+/* The head's device feature pool through truncates, re-sent features and freed sequences, against the same
+ * head on the CPU (host windows), fed the same host features (a CPU prefill of prompt 0 with aux capture):
+ * each round a new sequence id extends the prompt, is truncated to 30 before any pair ran (features cut, the
+ * window's last chunk freed), gets the cut tokens and features back, proposes, is truncated into its settled
+ * pairs (the window dropped: features re-sent from n - 1), proposes, and is freed. Every draft equal to the CPU head's; the pool has 4
+ * chunks (64 rows) for a 37-row prompt, so a chunk leaked by a truncate or a free exhausts it within the 6
+ * rounds (the extend then fails). */
+static void test_pool_truncate(model *mc, model *md, const char *head) {
+    const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden, P = g_np[0];
+    specd_err err = {{0}};
+    spec_proposer *pa = NULL, *pb = NULL;
+    eagle3_opts oa = {.n_blocks = 32}, ob = {.n_blocks = 32, .max_rows = STEP_TOKENS, .max_seqs = 4, .max_k = 4,
+                                             .feat_chunks = 4};
+    if (eagle3_load(head, mc, &oa, &pa, &err) < 0 || eagle3_load(head, md, &ob, &pb, &err) < 0) {
+        EXPECT(0, "eagle3_load: %s", err.msg);
+        eagle3_destroy(pa);
+        return;
+    }
+    int32_t layers[8], pos[64], seq[64] = {0}, out[64], table[8];
+    const int n_aux = pa->ops->aux_layers(pa->ctx, layers);
+    for (int32_t i = 0; i < P; i++) pos[i] = i, out[i] = i;
+    for (int32_t b = 0; b < 8; b++) table[b] = b;
+    const int32_t *tables[1] = {table};
+    float *lg = malloc(sizeof(float) * (size_t)P * V), *aux = malloc(sizeof(float) * (size_t)P * n_aux * H);
+    model_batch b = {.n_tokens = P, .tokens = g_prompt[0], .pos = pos, .seq_of = seq, .n_seqs = 1,
+                     .block_tables = tables, .n_out = P, .out_idx = out, .logits = lg, .n_aux = n_aux,
+                     .aux_layers = layers, .aux = aux};
+    if (model_forward(mc, &b, &err) < 0) { EXPECT(0, "forward: %s", err.msg); goto out; }
+    int32_t x = 0;
+    for (int32_t v = 1; v < V; v++) x = lg[(size_t)(P - 1) * V + v] > lg[(size_t)(P - 1) * V + x] ? v : x;
+    const size_t fw = (size_t)n_aux * (size_t)H;
+    int n_props = 0;
+    for (int64_t id = 1; id <= 6 && !n_fail; id++) {
+        spec_proposer *both[2] = {pa, pb};
+        int32_t d[2][K];
+        const int32_t k = K;
+        for (int stage = 0; stage < 2 && !n_fail; stage++) {
+            for (int w = 0; w < 2; w++) {
+                spec_proposer *sp = both[w];
+                int rc = 0;
+                if (stage == 0) { /* the prompt and its features, cut past the settled pairs (none yet: the
+                                   * window's last chunk goes back), then given back */
+                    rc = sp->ops->extend(sp->ctx, id, g_prompt[0], P, 0, aux, &err);
+                    sp->ops->truncate(sp->ctx, id, 30);
+                    if (rc == 0) rc = sp->ops->extend(sp->ctx, id, g_prompt[0] + 30, P - 30, 30, aux + 30 * fw, &err);
+                } else { /* into the settled pairs: the window goes, features re-sent from n - 1 */
+                    sp->ops->truncate(sp->ctx, id, P - 5);
+                    rc = sp->ops->extend(sp->ctx, id, g_prompt[0] + P - 6, 6, P - 6, aux + (size_t)(P - 6) * fw, &err);
+                }
+                if (rc == 0) rc = sp->ops->extend(sp->ctx, id, &x, 1, P, NULL, &err);
+                if (rc == 0) rc = sp->ops->propose(sp->ctx, &id, &k, 1, K, NULL, d[w], NULL, &err);
+                EXPECT(rc == 0, "round %lld stage %d (%s): %s", (long long)id, stage, w ? "device" : "cpu", err.msg);
+            }
+            EXPECT(!memcmp(d[0], d[1], sizeof d[0]) && d[0][0] >= 0,
+                   "round %lld stage %d: device drafts %d %d %d, cpu %d %d %d", (long long)id, stage, d[1][0], d[1][1],
+                   d[1][2], d[0][0], d[0][1], d[0][2]);
+            n_props++;
+        }
+        pa->ops->free_seq(pa->ctx, id);
+        pb->ops->free_seq(pb->ctx, id);
+    }
+    if (!n_fail)
+        printf("feature pool (4 chunks): %d proposes through truncates, re-sent features and 6 freed sequences, drafts "
+               "== the CPU head's\n", n_props);
+out:
+    free(lg), free(aux);
+    eagle3_destroy(pa), eagle3_destroy(pb);
+}
+
 int main(void) {
     char p[1024], head[1024];
     snprintf(p, sizeof p, "%s/tests/fixtures/eagle3/capture_smollm2.json", dt_src());
@@ -209,6 +282,7 @@ int main(void) {
     backend *dev = bk_cuda_create(&co, &err);
     if (!cpu || !dev) { printf("FAIL backends: %s\n", err.msg); return 1; }
     model *mc = dt_model(cpu, 48), *md = dt_model(dev, 48);
+    test_pool_truncate(mc, md, head);
     run_out a, b, c, h;
     run(mc, NULL, false, head, 0, &a);
     run(md, dev, true, head, 0, &b);
