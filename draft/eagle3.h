@@ -120,6 +120,22 @@ int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *er
 /* "auto" | "input" | "output" -> convention; -1 with err otherwise. */
 int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err);
 
+/* CUDA graphs of the chain draft loop (docs/engine.md "Capturing the draft
+ * loop"), on a device backend with graph metadata slots: per row bucket
+ * BUCKETS[0 .. n) (ascending, each <= max_seqs; the backend must hold
+ * bucket + 1 sequences) one graph of K steps (LM head, argmax + d2t, and
+ * the layer fed the drafted ids at metadata slot j + 1), captured now (at
+ * load, before the engine reads the KV pools). A propose whose chain rows
+ * are all greedy with k_max == K, fitting a bucket, replays it: its rows
+ * padded to the bucket (padding rows at position 0 of one draft KV block
+ * held for them), every row running all K steps (the host keeps the first
+ * k of each; their extra KV entries are speculative ones), one metadata
+ * upload per slot, ONE graph launch, one download of the ids. Anything
+ * else runs the eager chain. Returns 0, or -1 with err (nothing kept). */
+int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err);
+void eagle3_graphs_release(spec_proposer *p); /* NULL ok; proposes run eagerly afterwards */
+long eagle3_graph_replays(const spec_proposer *p); /* proposes (groups) served by a graph launch */
+
 /* The head behind a proposer made by eagle3_load (introspection, tests). */
 struct eagle3_head *eagle3_proposer_head(spec_proposer *p);
 

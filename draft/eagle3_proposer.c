@@ -98,6 +98,12 @@ typedef struct e3_proposer {
     int32_t *ffree, n_ffree;   /* free chunk ids (a stack) */
     bk_tensor src_aux;         /* the target's fixed aux buffer (model_aux_device), data NULL when none */
     bool pool_warned;
+    /* CUDA graphs of the chain (eagle3_graphs_capture): per row bucket B, gk steps; NULL when none */
+    struct { int32_t B; void *exec; } *gr;
+    int32_t n_gr, gk;
+    int32_t gr_pad;            /* the padding rows' draft KV block (held while graphs exist) */
+    void *gr_x0;               /* the buffer the graphs read the chain's first rows from (P->hA.p at capture) */
+    long gr_replays;
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -353,7 +359,7 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
             }
         }
         if (fill_commit(P, tok_d, tok, sizeof(int32_t) * (size_t)n, err) < 0) { rc = -1; goto done; }
-        eagle3_rows r = {n, tok, pos, seq_of, nseq, bt};
+        eagle3_rows r = {n, tok, pos, seq_of, nseq, bt, NULL};
         bk_tensor at = bk_wrap_f32(aux_d, n, fw), gt = bk_wrap_f32(g_d, n, H), ot = bk_wrap_f32(ho_d, n, H);
         bk_tensor it = bk_wrap_i32(tok_d, n, 1);
         if (eagle3_fc_t(P->head, &at, &gt, err) < 0 || eagle3_layer_t(P->head, &r, &it, &gt, &ot, err) < 0) { rc = -1; goto done; }
@@ -638,7 +644,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
             out = hA;
         }
         nr = nn;
-        eagle3_rows er = {nr, hv ? bk_i32(&ids) : NULL, pos, seq_of, nr, bt};
+        eagle3_rows er = {nr, hv ? bk_i32(&ids) : NULL, pos, seq_of, nr, bt, NULL};
         bk_tensor ot = bk_wrap_f32(out, nr, H);
         if (eagle3_layer_t(P->head, &er, &ids, &g_in, &ot, err) < 0) { rc = -1; goto done; }
         if (out != hA) { float *sw = hA; hA = hB; hB = sw; } /* the layer's output is the next step's hA */
@@ -661,8 +667,9 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
         if (out_q && !samples(P, temps, ci, out_q)) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot */
     }
 done:
-    /* the ping-pong may have swapped: keep P->hA / P->hB naming the two buffers (either order is fine) */
-    if (hA != P->hA.p) { void *sw = P->hA.p; P->hA.p = P->hB.p; P->hB.p = sw; size_t c = P->hA.cap; P->hA.cap = P->hB.cap; P->hB.cap = c; }
+    /* the ping-pong may have swapped: keep P->hA / P->hB naming the two buffers (either order is fine, except
+     * with captured graphs, which read the chain's first rows from gr_x0: P->hA stays that one) */
+    if (hA != P->hA.p && !P->n_gr) { void *sw = P->hA.p; P->hA.p = P->hB.p; P->hB.p = sw; size_t c = P->hA.cap; P->hA.cap = P->hB.cap; P->hB.cap = c; }
     free(who);
     free(stepj);
     free(tok4);
@@ -671,6 +678,182 @@ done:
     free(drh);
     return rc;
 }
+
+/* ------------------------------------------------------------ the chain as a CUDA graph */
+
+/* The captured ops of a chain of gk steps over B rows (every row runs every step, no compaction): per step
+ * the LM head, argmax + d2t into the ids buffer's slice j (4-aligned), and the layer at metadata slot j + 1
+ * fed slice j; the hidden rows alternate between gr_x0 and the other chain buffer. am[s] (s = 1 .. gk - 1)
+ * are the slots' uploaded metadata; pos / seq_of / tables describe them to eagle3_layer_t's host checks. */
+static int graph_ops(e3_proposer *P, int32_t B, bk_attn_meta *am, const int32_t *pos, const int32_t *seq_of,
+                     const int32_t *const *tables, specd_err *err) {
+    const int32_t H = P->H, Vd = P->Vd, pad = (B + 3) & ~3;
+    float *x[2] = {P->gr_x0, P->gr_x0 == P->hA.p ? P->hB.p : P->hA.p};
+    const bk_tensor *d2t = eagle3_head_d2t(P->head);
+    for (int32_t j = 0; j < P->gk; j++) {
+        bk_tensor ht = bk_wrap_f32(x[j & 1], B, H), lt = bk_wrap_f32(P->lg.p, B, Vd);
+        bk_tensor dj = bk_wrap_i32((int32_t *)P->dr.p + (size_t)j * pad, B, 1);
+        if (eagle3_logits_t(P->head, &ht, &lt, err) < 0) return -1;
+        if (P->be->ops->argmax(P->be->ctx, &lt, d2t, &dj) < 0) return specd_err_set(err, "eagle3 graph: argmax failed");
+        if (j + 1 == P->gk) break;
+        eagle3_rows er = {B, NULL, pos + (size_t)(j + 1) * B, seq_of, B + 1, tables, am[j + 1].dev};
+        bk_tensor ot = bk_wrap_f32(x[(j + 1) & 1], B, H);
+        if (eagle3_layer_t(P->head, &er, &dj, &ht, &ot, err) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Uploads the gk - 1 metadata slots of a chain over B rows: real rows r < nr at positions L[r] + s of their
+ * own sequence r (tables[r]), padding rows at position 0 of sequence B (the padding block). pos [gk, B]. */
+static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, int32_t *pos, int32_t *seq_of,
+                      const int32_t **tables, bk_attn_meta *am, specd_err *err) {
+    const bk_graph_ops *go = P->be->ops->graph;
+    for (int32_t r = 0; r < B; r++) seq_of[r] = r < nr ? r : B;
+    for (int32_t r = nr; r < B; r++) tables[r] = NULL; /* unused rows (no token names them) */
+    tables[B] = &P->gr_pad;
+    for (int32_t sl = 1; sl < P->gk; sl++) {
+        int32_t *ps = pos + (size_t)sl * B;
+        for (int32_t r = 0; r < B; r++) ps[r] = r < nr ? L[r] + sl : 0;
+        am[sl] = (bk_attn_meta){B, ps, seq_of, tables, B + 1, NULL, NULL};
+        if (go->meta_slot(P->be->ctx, sl) < 0 || P->be->ops->meta_upload(P->be->ctx, &am[sl]) < 0) {
+            go->meta_slot(P->be->ctx, 0);
+            for (int32_t t = 1; t < sl; t++) P->be->ops->meta_release(P->be->ctx, &am[t]);
+            return specd_err_set(err, "eagle3 graph: metadata slot %d upload failed", sl);
+        }
+    }
+    go->meta_slot(P->be->ctx, 0);
+    return 0;
+}
+
+static void graph_meta_release(e3_proposer *P, bk_attn_meta *am) {
+    for (int32_t sl = 1; sl < P->gk; sl++)
+        if (am[sl].dev) P->be->ops->meta_release(P->be->ctx, &am[sl]);
+}
+
+/* The chain of rows hA[0, nr) (rows[r] = index in S) as one graph launch when a captured bucket fits, every
+ * row greedy and k_max == gk: 1 done (out_tokens filled), 0 = not applicable (run it eagerly), -1 failed. */
+static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int32_t *rows, int32_t nr,
+                       const int32_t *k, int32_t k_max, const float *temps, int32_t *out_tokens, float *out_q,
+                       specd_err *err) {
+    if (!P->n_gr || k_max != P->gk || P->hA.p != P->gr_x0) return 0;
+    for (int32_t r = 0; r < nr; r++)
+        if (samples(P, temps, map[rows[r]], out_q)) return 0;
+    int32_t gi = 0;
+    while (gi < P->n_gr && P->gr[gi].B < nr) gi++;
+    if (gi == P->n_gr) return 0;
+    const int32_t B = P->gr[gi].B, pad = (B + 3) & ~3;
+    for (int32_t r = 0; r < nr; r++) /* every row drafts gk steps: its blocks cover L + gk - 1 */
+        if (seq_cover(P, S[rows[r]], seq_last_pair(S[rows[r]]) + P->gk - 1) < 0) return 0;
+    int32_t *L = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B * P->gk);
+    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)B), *ids = malloc(sizeof(int32_t) * (size_t)pad * P->gk);
+    const int32_t **tables = malloc(sizeof(int32_t *) * (size_t)(B + 1));
+    bk_attn_meta am[16] = {{0}};
+    const bk_graph_ops *go = P->be->ops->graph;
+    int rc = -1;
+    if (!L || !pos || !seq_of || !ids || !tables) { specd_err_set(err, "out of memory"); goto out; }
+    for (int32_t r = 0; r < nr; r++) L[r] = seq_last_pair(S[rows[r]]), tables[r] = S[rows[r]]->blocks;
+    go->fixed_shape(P->be->ctx, true);
+    const int mu = graph_meta(P, B, nr, L, pos, seq_of, tables, am, err);
+    go->fixed_shape(P->be->ctx, false);
+    if (mu < 0) goto out;
+    if (go->launch(P->be->ctx, P->gr[gi].exec) < 0) {
+        specd_err_set(err, "eagle3: chain graph launch failed");
+        graph_meta_release(P, am);
+        goto out;
+    }
+    graph_meta_release(P, am);
+    if (P->be->ops->download(P->be->ctx, ids, P->dr.p, sizeof(int32_t) * (size_t)pad * P->gk) < 0) {
+        specd_err_set(err, "eagle3: drafted ids download failed");
+        goto out;
+    }
+    for (int32_t r = 0; r < nr; r++) {
+        const int32_t ci = map[rows[r]];
+        for (int32_t j = 0; j < k[ci]; j++) {
+            const int32_t id = ids[(size_t)j * pad + r];
+            if (id < 0 || id >= P->Vt) { specd_err_set(err, "eagle3: drafted id %d outside the target vocabulary", id); goto out; }
+            out_tokens[(size_t)ci * k_max + j] = id;
+            if (out_q) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot (greedy rows only here) */
+        }
+    }
+    P->gr_replays++;
+    rc = 1;
+out:
+    free(L), free(pos), free(seq_of), free(ids), free(tables);
+    return rc;
+}
+
+int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err) {
+    e3_proposer *P = p->ctx;
+    const bk_graph_ops *go = P->be->ops->graph;
+    if (!go || !go->meta_slot || P->be->host_visible)
+        return specd_err_set(err, "eagle3 graphs: the %s backend has no graphs with metadata slots", P->be->name);
+    if (P->n_gr) return specd_err_set(err, "eagle3 graphs: already captured");
+    if (k < 1 || k > 15 || k > P->opts.max_k || n < 1)
+        return specd_err_set(err, "eagle3 graphs: k = %d (1 .. min(15, max_k %d)), %d buckets", k, P->opts.max_k, n);
+    if ((P->gr_pad = eagle3_kv_alloc(P->head)) < 0) return specd_err_set(err, "eagle3 graphs: no draft KV block left for padding");
+    P->gr = calloc((size_t)n, sizeof *P->gr);
+    if (!P->gr) return specd_err_set(err, "out of memory");
+    P->gk = k;
+    P->gr_x0 = P->hA.p;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t B = buckets[i];
+        if (B < 1 || B > P->opts.max_seqs || (i > 0 && B <= buckets[i - 1])) {
+            LOG_WARN("eagle3 graphs: bucket %d dropped (ascending, 1 .. max_seqs %d)", B, P->opts.max_seqs);
+            continue;
+        }
+        int32_t *L = calloc((size_t)B, sizeof(int32_t)), *pos = calloc((size_t)B * k, sizeof(int32_t));
+        int32_t *seq_of = calloc((size_t)B, sizeof(int32_t));
+        const int32_t **tables = calloc((size_t)B + 1, sizeof(int32_t *));
+        bk_attn_meta am[16] = {{0}};
+        void *exec = NULL;
+        int rc = -1;
+        if (!L || !pos || !seq_of || !tables) specd_err_set(err, "out of memory");
+        else {
+            go->fixed_shape(P->be->ctx, true);
+            if (graph_meta(P, B, 0, L, pos, seq_of, tables, am, err) == 0) { /* every row padding */
+                if (go->begin(P->be->ctx) < 0) specd_err_set(err, "eagle3 graphs: capture could not begin");
+                else {
+                    const int run = graph_ops(P, B, am, pos, seq_of, tables, err);
+                    const int end = go->end(P->be->ctx, &exec);
+                    if (run == 0 && end == 0) rc = 0;
+                    else {
+                        if (run == 0) specd_err_set(err, "eagle3 graphs: capture / instantiation failed");
+                        if (exec) go->destroy(P->be->ctx, exec);
+                    }
+                }
+                graph_meta_release(P, am);
+            }
+            go->fixed_shape(P->be->ctx, false);
+        }
+        free(L), free(pos), free(seq_of), free(tables);
+        if (rc < 0) {
+            eagle3_graphs_release(p);
+            return specd_err_wrap(err, "eagle3 graphs: bucket %d x %d steps", B, k);
+        }
+        P->gr[P->n_gr].B = B;
+        P->gr[P->n_gr++].exec = exec;
+    }
+    if (!P->n_gr) {
+        eagle3_graphs_release(p);
+        return specd_err_set(err, "eagle3 graphs: no bucket fits (max_seqs %d)", P->opts.max_seqs);
+    }
+    return 0;
+}
+
+void eagle3_graphs_release(spec_proposer *p) {
+    if (!p) return;
+    e3_proposer *P = p->ctx;
+    for (int32_t i = 0; i < P->n_gr; i++)
+        if (P->be->ops->graph) P->be->ops->graph->destroy(P->be->ctx, P->gr[i].exec);
+    free(P->gr);
+    P->gr = NULL;
+    if (P->gr_pad >= 0 && (P->n_gr || P->gk)) eagle3_kv_free(P->head, P->gr_pad);
+    P->n_gr = 0;
+    P->gk = 0;
+    P->gr_pad = -1;
+}
+
+long eagle3_graph_replays(const spec_proposer *p) { return p ? ((const e3_proposer *)p->ctx)->gr_replays : 0; }
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
                       int32_t *out_tokens, float *out_q, specd_err *err) {
@@ -708,7 +891,8 @@ static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n
         int32_t c = 0;
         for (int32_t j = 0; j < gm; j++)
             if (ok[j]) rows[c++] = j;
-        if (nr > 0 && chain(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) < 0) {
+        int gc = nr > 0 ? chain_graph(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) : 1;
+        if (gc < 0 || (gc == 0 && chain(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) < 0)) {
             rc = -1;
             goto done;
         }
@@ -869,6 +1053,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
 void eagle3_destroy(spec_proposer *p) {
     if (!p) return;
     e3_proposer *P = p->ctx;
+    eagle3_graphs_release(p);
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
     e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt,

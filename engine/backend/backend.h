@@ -385,6 +385,12 @@ typedef struct bk_graph_ops {
      * grid (and its mostly idle blocks) scales with the bound, not with the
      * step's lengths, so short sequences replay a short-class graph. */
     void (*fixed_len)(void *ctx, int32_t max_len);
+    /* Optional: selects the metadata set the next meta_upload fills (0: the
+     * default one; 1 .. 15: more sets alive at once, each released on its
+     * own, for a captured chain of calls with different positions: the
+     * EAGLE-3 draft loop). A slot's buffers are carved the first time it is
+     * selected (outside a capture). -1 on failure (logged). */
+    int (*meta_slot)(void *ctx, int32_t slot);
 } bk_graph_ops;
 
 typedef struct backend {

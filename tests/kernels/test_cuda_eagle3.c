@@ -162,7 +162,7 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
     const int32_t bc[2] = {eagle3_kv_alloc(hc), eagle3_kv_alloc(hc)}, bg[2] = {eagle3_kv_alloc(hg), eagle3_kv_alloc(hg)};
     const int32_t *tc[1] = {bc}, *tg[1] = {bg};
     for (int32_t t = 0; t < n; t++) tk[t] = tok[t + 1], pos[t] = t;
-    eagle3_rows rc = {n, tk, pos, seq, 1, tc}, rg = {n, tk, pos, seq, 1, tg};
+    eagle3_rows rc = {n, tk, pos, seq, 1, tc, NULL}, rg = {n, tk, pos, seq, 1, tg, NULL};
     if (eagle3_fc(hc, aux, n, g, &err) < 0 || eagle3_layer(hc, &rc, g, hc_out, &err) < 0 ||
         eagle3_logits(hc, hc_out, n, lc, &err) < 0) {
         EXPECT(0, "cpu head forward: %s", err.msg);
