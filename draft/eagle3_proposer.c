@@ -24,11 +24,15 @@
  * A sequence that skips drafting for some steps (adaptive k = 0) only
  * accumulates pending real pairs in its window; the next propose runs them
  * all in one batched pass, so the draft KV is the same as if it had drafted.
- * Residency: the windows (wtok, wfeat) are host memory (the engine hands
- * over host features); everything the forward touches lives in the head's
- * backend memory, allocated at load (e3_buf: feature rows, fc / layer
- * outputs, tokens, gather indices, the chain's hidden rows, logits and
- * drafted ids). A propose on a device backend uploads each chunk's
+ * Residency: the token windows (wtok) are host memory; the feature windows
+ * are host memory (wfeat) on host-visible backends and, on a device backend,
+ * chunks of a device feature pool (fpool, chunks of a KV block's rows; fed by
+ * extend_rows from the target's fixed aux buffer, device to device, or by
+ * extend's host rows, uploaded), so target features never come back to the
+ * host; everything the forward touches lives in the head's backend memory,
+ * allocated at load (e3_buf: feature rows, fc / layer outputs, tokens, gather
+ * indices, the chain's hidden rows, logits and drafted ids). With CUDA graphs
+ * (eagle3_graphs_capture) a greedy chain of K steps is one graph launch. A propose on a device backend uploads each chunk's
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
  * gather_rows) and downloads the drafted ids ONCE at the end; only a

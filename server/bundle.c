@@ -280,6 +280,8 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, specd
     const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1) *
                             (size_t)model_graph_len_classes((int32_t)max_len, 0, len_classes); /* per length class */
     size_t graphs = n_graphs * (size_t)(16 * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
+    if (b->spec.enabled) /* the draft's chain graphs: per bucket k steps of ~24 kernel nodes (layer, LM head, argmax) */
+        graphs += (size_t)nb * (size_t)(24 * (b->spec.k > 0 ? b->spec.k : 1)) * BUNDLE_CUDA_GRAPH_NODE;
     if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
     b->graph_reserve = graphs;
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
@@ -477,6 +479,16 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
     if (kv_tokens < b->max_model_len)
         return specd_err_set(err, "the KV pool holds %lld tokens after the graphs' padding block, fewer than "
                                   "--max-model-len %d", (long long)kv_tokens, b->max_model_len);
+    /* the head's chain draft loop (on the target's device only): the same buckets, k steps; an optimisation, so
+     * a failure leaves the eager chain with a warning */
+    if (b->proposer && !b->draft_be && b->spec.k > 0 && !b->rk) {
+        specd_err ge = {0};
+        if (eagle3_graphs_capture(b->proposer, b->graph_buckets, b->n_graph_buckets, b->spec.k, &ge) < 0)
+            LOG_WARN("draft: the chain draft loop runs eagerly: %s", ge.msg);
+        else
+            LOG_INFO("draft: chain draft loop captured as CUDA graphs (buckets %s, %d steps; greedy proposes of k = %d)",
+                     list, b->spec.k, b->spec.k);
+    }
     return 0;
 }
 

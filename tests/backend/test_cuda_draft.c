@@ -335,6 +335,28 @@ int main(void) {
             for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k, false);
     /* part 4: the chain draft loop as CUDA graphs on the device head (eagle3_graphs_capture): the same drafts as
      * the eager CPU head, per-sequence k below the graph's (rows keep drafting, ignored), padded buckets (3 -> 4) */
+    { /* refusals leave the proposer as it was: a CPU head (no graphs), k beyond the chain buffers' max_k */
+        spec_proposer *pc = NULL, *pd = NULL;
+        eagle3_opts o = {.n_blocks = 32, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
+        static const int32_t b1[1] = {1};
+        if (eagle3_load(head, mc, &o, &pc, &err) == 0 && eagle3_load(head, md, &o, &pd, &err) == 0) {
+            const int32_t free0 = eagle3_kv_n_free(eagle3_proposer_head(pd));
+            EXPECT(eagle3_graphs_capture(pc, b1, 1, 2, &err) < 0 && strstr(err.msg, "no graphs"),
+                   "a CPU head's chain graphs: refused (%s)", err.msg);
+            EXPECT(eagle3_graphs_capture(pd, b1, 1, 9, &err) < 0 && strstr(err.msg, "max_k"),
+                   "k = 9 > max_k 8: refused (%s)", err.msg);
+            EXPECT(eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 && eagle3_graph_replays(pd) == 0,
+                   "a refused capture keeps no padding block");
+            EXPECT(eagle3_graphs_capture(pd, b1, 1, 2, &err) == 0 &&
+                       eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 - 1,
+                   "a capture holds one padding block: %s", err.msg);
+            eagle3_graphs_release(pd);
+            EXPECT(eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0, "a release gives the padding block back");
+        } else {
+            EXPECT(0, "eagle3_load: %s", err.msg);
+        }
+        eagle3_destroy(pc), eagle3_destroy(pd);
+    }
     batch_compare(mc, md, head, NULL, 1, 3, true);
     batch_compare(mc, md, head, NULL, 3, 5, true);
     batch_compare(mc, md, head, NULL, 3, 1, true);

@@ -37,6 +37,9 @@
  * head's feature pool): at k = 1 and 4 every draft equals the Part 2 run's
  * (host features: downloaded and uploaded again, exact copies) and the output
  * equals plain greedy.
+ * Part 4, the chain draft loop as a CUDA graph (eagle3_graphs_capture, bucket
+ * 1): at k = 1 and 4 the drafts equal the eager chain's and every propose
+ * replays the graph.
  * Exits 77 with the reason without a usable GPU, a target or the head. The
  * arena is 2 GiB (SPECD_CUDA_TEST_ARENA_MB overrides). tests/backend builds
  * this same file against the fake device (backend_cuda_eagle3_on_fake, with
@@ -99,6 +102,8 @@ static model *load_target(const char *path, backend *be) {
 /* One target step of n tokens at pos0 (sequence 0, g_table); all rows' logits, aux when asked (dev_aux: left in
  * the model's device aux buffer, model_aux_reserve, for extend_rows). */
 static bool g_dev_aux;
+static bool g_graphs; /* the chain draft loop as CUDA graphs (eagle3_graphs_capture, bucket 1, K = k) */
+static long g_replays;
 static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, float *logits, const int32_t *layers,
                   float *aux) {
     int32_t pos[MAXT], seq[MAXT] = {0}, out[MAXT];
@@ -228,6 +233,8 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
                      .aux_rows = g_dev_aux ? MAXT : 0};
     int32_t n_props = 0;
     if (k > 0 && eagle3_load(dir, m, &o, &sp, &err) < 0) { EXPECT(0, "eagle3_load: %s", err.msg); goto out; }
+    static const int32_t bucket1[1] = {1};
+    if (sp && g_graphs && eagle3_graphs_capture(sp, bucket1, 1, k, &err) < 0) { EXPECT(0, "chain graphs: %s", err.msg); goto out; }
     if (sp) sp->ops->aux_layers(sp->ctx, layers);
     if (target(m, prompt, P, 0, lg, layers, sp ? aux : NULL) < 0) goto out;
     int32_t x = argmax(lg + (size_t)(P - 1) * V, V);
@@ -259,6 +266,7 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
         x = next;
     }
 out:
+    g_replays += eagle3_graph_replays(sp);
     free(lg), free(aux);
     eagle3_destroy(sp);
 }
@@ -320,6 +328,23 @@ int main(void) {
     g_dev_aux = false;
     printf("features on the device (k = 1, 4): drafts identical to the host-feature runs, output == plain greedy: %s\n",
            n_fail ? "NO" : "yes");
+    /* Part 4: the chain draft loop replayed as a CUDA graph (bucket 1, K = k): the eager chain's drafts, bit for
+     * bit (the same kernels on the same inputs; the graph bakes the backend's length bound, which does not
+     * change a token's arithmetic), and every propose a replay */
+    g_graphs = true;
+    for (int32_t k = 1; k <= 4; k += 3) {
+        int32_t out[GEN] = {0}, props[GEN * 5];
+        memset(props, 0xff, sizeof props);
+        const long r0 = g_replays;
+        greedy(mg, head, NULL, k, out, props);
+        EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, chain graphs: speculative greedy != plain greedy", k);
+        EXPECT(!memcmp(props, props_host[k == 4], sizeof props), "k=%d: the graph chain's drafts differ from the eager "
+               "chain's", k);
+        EXPECT(g_replays - r0 >= GEN / (k + 1), "k=%d: %ld proposes replayed the chain graph", k, g_replays - r0);
+    }
+    g_graphs = false;
+    printf("chain draft loop as CUDA graphs (k = 1, 4): drafts identical to the eager chain, output == plain greedy: "
+           "%s\n", n_fail ? "NO" : "yes");
     model_destroy(mc), model_destroy(mg);
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
