@@ -84,6 +84,13 @@ typedef struct eagle3_opts {
     bool q8_0;             /* re-quantize the head's matrices to Q8_0 at load (CPU speed; eagle3_head.h) */
     const char *hot_vocab; /* NULL or a vocab map: score only those draft ids (eagle3_head.h); not owned */
     uint64_t seed;         /* draft sampling RNG seed of sequences the engine does not seed (proposer seed_seq) */
+    int32_t aux_rows;      /* > 0, head on the target's device backend: reserve the target's fixed aux
+                            * buffer for steps of up to this many tokens (model_aux_reserve; the bundle: the
+                            * engine's --max-num-batched-tokens) so the features never leave the device
+                            * (proposer extend_rows); 0: features come as host rows (extend) */
+    int32_t feat_chunks;   /* device backends: chunks (of the KV block size in rows) of the feature pool the
+                            * pending pairs' features wait in; <= 0: 2 (max_rows / bs + 1) + max_seqs
+                            * (ceil((max_k + 2) / bs) + 1) */
     backend *be;           /* backend the head computes on (not owned); NULL = the target's. On the
                             * target's device backend the head shares the target's placed embedding (and
                             * LM head when it uses it whole) and keeps weights, KV and buffers in device
@@ -112,6 +119,22 @@ int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *er
 
 /* "auto" | "input" | "output" -> convention; -1 with err otherwise. */
 int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err);
+
+/* CUDA graphs of the chain draft loop (docs/engine.md "Capturing the draft
+ * loop"), on a device backend with graph metadata slots: per row bucket
+ * BUCKETS[0 .. n) (ascending, each <= max_seqs; the backend must hold
+ * bucket + 1 sequences) one graph of K steps (LM head, argmax + d2t, and
+ * the layer fed the drafted ids at metadata slot j + 1), captured now (at
+ * load, before the engine reads the KV pools). A propose whose chain rows
+ * are all greedy with k_max == K, fitting a bucket, replays it: its rows
+ * padded to the bucket (padding rows at position 0 of one draft KV block
+ * held for them), every row running all K steps (the host keeps the first
+ * k of each; their extra KV entries are speculative ones), one metadata
+ * upload per slot, ONE graph launch, one download of the ids. Anything
+ * else runs the eager chain. Returns 0, or -1 with err (nothing kept). */
+int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err);
+void eagle3_graphs_release(spec_proposer *p); /* NULL ok; proposes run eagerly afterwards */
+long eagle3_graph_replays(const spec_proposer *p); /* proposes (groups) served by a graph launch */
 
 /* The head behind a proposer made by eagle3_load (introspection, tests). */
 struct eagle3_head *eagle3_proposer_head(spec_proposer *p);

@@ -101,8 +101,8 @@ int eagle3_layer_t(eagle3_head *h, const eagle3_rows *r, const bk_tensor *ids_in
     const bk_tensor ids = ids_in ? bk_reshape(*ids_in, T, 1) : bk_wrap_i32(r->tokens, T, 1);
     const bk_tensor nhid = vec(h, h->n_hidden, &h->t_hidden, H), ninp = vec(h, h->n_input, &h->t_input, H);
     const bk_tensor npost = vec(h, h->n_post, &h->t_post, H), freq = vec(h, h->inv_freq, &h->t_inv_freq, hd / 2);
-    bk_attn_meta am = {T, r->pos, r->seq_of, r->block_tables, r->n_seqs, NULL, NULL};
-    if (op->meta_upload(bx, &am) < 0) return specd_err_set(err, "draft: metadata upload failed");
+    bk_attn_meta am = {T, r->pos, r->seq_of, r->block_tables, r->n_seqs, NULL, r->meta_dev};
+    if (!r->meta_dev && op->meta_upload(bx, &am) < 0) return specd_err_set(err, "draft: metadata upload failed");
     int rc = -1;
 #define OPS(call) do { if ((call) < 0) { specd_err_set(err, "draft: %s failed", #call); goto done; } } while (0)
 #define BIAS(y, b, tb, n) do { if (b) { bk_tensor bt_ = vec(h, (b), &(tb), (n)); OPS(op->add_bias(bx, &(y), &bt_)); } } while (0)
@@ -143,7 +143,7 @@ int eagle3_layer_t(eagle3_head *h, const eagle3_rows *r, const bk_tensor *ids_in
 #undef OPS
     rc = 0;
 done:
-    op->meta_release(bx, &am);
+    if (!r->meta_dev) op->meta_release(bx, &am);
     return rc;
 }
 

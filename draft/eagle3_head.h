@@ -111,6 +111,9 @@ typedef struct eagle3_rows {
     const int32_t *seq_of;              /* [n] */
     int32_t n_seqs;
     const int32_t *const *block_tables; /* [n_seqs] */
+    void *meta_dev;                     /* NULL: the layer call uploads (and releases) the metadata of pos /
+                                           seq_of / block_tables; else the backend's metadata the caller
+                                           uploaded for them (bk_attn_meta.dev), kept (a captured draft loop) */
 } eagle3_rows;
 int eagle3_layer(eagle3_head *h, const eagle3_rows *r, const float *g, float *h_out, specd_err *err);
 

@@ -24,11 +24,15 @@
  * A sequence that skips drafting for some steps (adaptive k = 0) only
  * accumulates pending real pairs in its window; the next propose runs them
  * all in one batched pass, so the draft KV is the same as if it had drafted.
- * Residency: the windows (wtok, wfeat) are host memory (the engine hands
- * over host features); everything the forward touches lives in the head's
- * backend memory, allocated at load (e3_buf: feature rows, fc / layer
- * outputs, tokens, gather indices, the chain's hidden rows, logits and
- * drafted ids). A propose on a device backend uploads each chunk's
+ * Residency: the token windows (wtok) are host memory; the feature windows
+ * are host memory (wfeat) on host-visible backends and, on a device backend,
+ * chunks of a device feature pool (fpool, chunks of a KV block's rows; fed by
+ * extend_rows from the target's fixed aux buffer, device to device, or by
+ * extend's host rows, uploaded), so target features never come back to the
+ * host; everything the forward touches lives in the head's backend memory,
+ * allocated at load (e3_buf: feature rows, fc / layer outputs, tokens, gather
+ * indices, the chain's hidden rows, logits and drafted ids). With CUDA graphs
+ * (eagle3_graphs_capture) a greedy chain of K steps is one graph launch. A propose on a device backend uploads each chunk's
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
  * gather_rows) and downloads the drafted ids ONCE at the end; only a
@@ -58,6 +62,11 @@ typedef struct e3_seq {
     int32_t wfeat_cap;         /* rows */
     int32_t *blocks;           /* block table */
     int32_t n_blocks, blocks_cap;
+    /* device backends: the window's features in the proposer's feature pool. Chunk c (positions
+     * [c * fc, (c + 1) * fc), fc = the pool's rows per chunk) is pool chunk fb[c - fb_first], for
+     * fb_first <= c < fb_first + n_fb; the chunks held cover [n_kv, n_feat) (wfeat is unused there) */
+    int32_t *fb;
+    int32_t fb_cap, fb_first, n_fb;
     uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018): this sequence's draft draws */
 } e3_seq;
 
@@ -86,6 +95,19 @@ typedef struct e3_proposer {
     e3_buf lg;                 /* F32 [max_seqs, Vd]     draft logits of one chain step */
     e3_buf dr;                 /* I32 [max_k * max_seqs] drafted target ids, step after step (one download) */
     e3_buf nt;                 /* I32 [max_seqs]         the next step's token ids when rows drop out */
+    /* device backends: the pending pairs' target features stay in backend memory (no host window) */
+    e3_buf fpool;              /* F32 [n_fchunks * fc, featw]  feature chunks of fc rows (the KV block size) */
+    e3_buf fidx;               /* I32 [max_rows]         pool rows of a chunk of pairs (gather indices) */
+    int32_t fc, n_fchunks;
+    int32_t *ffree, n_ffree;   /* free chunk ids (a stack) */
+    bk_tensor src_aux;         /* the target's fixed aux buffer (model_aux_device), data NULL when none */
+    bool pool_warned;
+    /* CUDA graphs of the chain (eagle3_graphs_capture): per row bucket B, gk steps; NULL when none */
+    struct { int32_t B; void *exec; } *gr;
+    int32_t n_gr, gk;
+    int32_t gr_pad;            /* the padding rows' draft KV block (held while graphs exist) */
+    void *gr_x0;               /* the buffer the graphs read the chain's first rows from (P->hA.p at capture) */
+    long gr_replays;
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -164,14 +186,51 @@ static int32_t seq_last_pair(const e3_seq *s) {
     return L;
 }
 
+/* ---- the device feature pool (device backends): chunks of fc rows, a sequence holding those that cover
+ * its window [n_kv, n_feat) ---- */
+
+/* Pool row of feature f_t (t inside the held chunks). */
+static int32_t feat_row(const e3_proposer *P, const e3_seq *s, int32_t t) {
+    return s->fb[t / P->fc - s->fb_first] * P->fc + t % P->fc;
+}
+
+/* Gives back the chunks outside the window [n_kv, n_feat): those wholly before n_kv, and those at or past
+ * n_feat (after a truncate). */
+static void feat_release(e3_proposer *P, e3_seq *s) {
+    if (!P->fpool.p) return;
+    const int32_t lo = s->n_kv / P->fc, hi = s->n_feat > s->n_kv ? (s->n_feat - 1) / P->fc + 1 : lo;
+    int32_t drop = 0;
+    while (drop < s->n_fb && s->fb_first + drop < lo) P->ffree[P->n_ffree++] = s->fb[drop++];
+    if (drop) {
+        memmove(s->fb, s->fb + drop, sizeof(int32_t) * (size_t)(s->n_fb - drop));
+        s->n_fb -= drop, s->fb_first += drop;
+    }
+    while (s->n_fb > 0 && s->fb_first + s->n_fb > hi) P->ffree[P->n_ffree++] = s->fb[--s->n_fb];
+    if (s->n_fb == 0) s->fb_first = lo;
+}
+
+/* The chunk of position t held (t is n_feat: the next feature). -1 when the pool is empty. */
+static int feat_cover(e3_proposer *P, e3_seq *s, int32_t t) {
+    const int32_t c = t / P->fc;
+    if (s->n_fb == 0) s->fb_first = c;
+    while (s->fb_first + s->n_fb <= c) {
+        if (P->n_ffree == 0) return -1;
+        if (grow((void **)&s->fb, &s->fb_cap, s->n_fb + 1, sizeof(int32_t)) < 0) return -1;
+        s->fb[s->n_fb++] = P->ffree[--P->n_ffree];
+    }
+    return 0;
+}
+
 /* Moves the window start to new_kv (>= n_kv), dropping what it no longer needs. */
 static void seq_settle(e3_proposer *P, e3_seq *s, int32_t new_kv) {
     int32_t d = new_kv - s->n_kv;
     if (d <= 0) return;
     int32_t nt = s->n_tok - s->n_kv - 1, nf = s->n_feat - s->n_kv;
     if (nt > d) memmove(s->wtok, s->wtok + d, sizeof(int32_t) * (size_t)(nt - d));
-    if (nf > d) memmove(s->wfeat, s->wfeat + (size_t)d * P->featw, sizeof(float) * (size_t)(nf - d) * P->featw);
+    if (!P->fpool.p && nf > d)
+        memmove(s->wfeat, s->wfeat + (size_t)d * P->featw, sizeof(float) * (size_t)(nf - d) * P->featw);
     s->n_kv = new_kv;
+    feat_release(P, s);
 }
 
 static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
@@ -184,6 +243,7 @@ static void seq_truncate(e3_proposer *P, e3_seq *s, int32_t n) {
         s->n_kv = n > 0 ? n - 1 : 0;
         s->n_feat = s->n_kv;
     }
+    feat_release(P, s);
     seq_release_blocks(P, s, s->n_tok);
 }
 
@@ -249,7 +309,9 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
     int32_t *tokh = malloc(sizeof(int32_t) * (size_t)maxr * 4), *bt_seq = malloc(sizeof(int32_t) * mm);
     const int32_t **bt = malloc(sizeof(int32_t *) * mm);
     uint8_t *ran = calloc(mm, 1);
-    float *auxh = hv ? NULL : malloc(sizeof(float) * (size_t)maxr * fw);
+    /* device backends: the features are rows of the feature pool, gathered on the device (fidxh: their pool
+     * rows); host-visible ones copy them from the windows in place */
+    int32_t *fidxh = hv ? NULL : malloc(sizeof(int32_t) * (size_t)maxr);
     float *aux_d = buf_need(P, &P->aux, sizeof(float) * (size_t)maxr * fw, "feature rows", err);
     float *g_d = aux_d ? buf_need(P, &P->g, sizeof(float) * (size_t)maxr * H, "fc rows", err) : NULL;
     float *ho_d = g_d ? buf_need(P, &P->hout, sizeof(float) * (size_t)maxr * H, "layer rows", err) : NULL;
@@ -257,10 +319,13 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
     int32_t *idx_d = tok_d ? buf_need(P, &P->idx, sizeof(int32_t) * (size_t)maxr, "gather indices", err) : NULL;
     int rc = 0;
     if (!idx_d) { rc = -1; goto done; }
-    if (!tokh || !bt || !bt_seq || !ran || (!hv && !auxh)) { rc = specd_err_set(err, "out of memory"); goto done; }
+    if (!tokh || !bt || !bt_seq || !ran || (!hv && !fidxh)) { rc = specd_err_set(err, "out of memory"); goto done; }
+    if (!hv && (!P->fpool.p || (size_t)maxr * 4 > P->fidx.cap)) {
+        rc = specd_err_set(err, "eagle3: no feature pool for %d rows", maxr);
+        goto done;
+    }
     int32_t *pos = tokh + maxr, *seq_of = pos + maxr, *idxh = seq_of + maxr;
     int32_t *tok = fill_ptr(P, tok_d, tokh), *idx = fill_ptr(P, idx_d, idxh);
-    float *aux = fill_ptr(P, aux_d, auxh);
     if (ok) memset(ok, 0, (size_t)m);
     if (n_last) *n_last = 0;
     int32_t si = 0, t = 0, L = -1;
@@ -279,7 +344,8 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
             }
             if (nseq == 0 || bt_seq[nseq - 1] != si) { bt[nseq] = s->blocks; bt_seq[nseq++] = si; }
             for (; t <= L && n < maxr; n++, t++) {
-                memcpy(aux + (size_t)n * fw, s->wfeat + (size_t)(t - s->n_kv) * fw, sizeof(float) * (size_t)fw);
+                if (hv) memcpy(aux_d + (size_t)n * fw, s->wfeat + (size_t)(t - s->n_kv) * fw, sizeof(float) * (size_t)fw);
+                else fidxh[n] = feat_row(P, s, t);
                 tok[n] = s->wtok[t - s->n_kv]; /* x_{t+1} */
                 pos[n] = t;
                 seq_of[n] = nseq - 1;
@@ -287,9 +353,17 @@ static int run_pairs(e3_proposer *P, e3_seq **S, int32_t m, float *last_h, uint8
             if (t > L) { si++; active = false; }
         }
         if (n == 0) continue;
-        if (fill_commit(P, aux_d, aux, sizeof(float) * (size_t)n * fw, err) < 0 ||
-            fill_commit(P, tok_d, tok, sizeof(int32_t) * (size_t)n, err) < 0) { rc = -1; goto done; }
-        eagle3_rows r = {n, tok, pos, seq_of, nseq, bt};
+        if (!hv) { /* the chunk's feature rows, gathered from the pool on the device */
+            bk_tensor pool = bk_wrap_f32(P->fpool.p, (int64_t)P->n_fchunks * P->fc, fw);
+            bk_tensor fi = bk_wrap_i32(P->fidx.p, n, 1), dst = bk_wrap_f32(aux_d, n, fw);
+            if (fill_commit(P, P->fidx.p, fidxh, sizeof(int32_t) * (size_t)n, err) < 0 ||
+                P->be->ops->gather_rows(P->be->ctx, &pool, &fi, &dst) < 0) {
+                rc = specd_err_set(err, "eagle3: gathering %d feature rows from the pool failed", n);
+                goto done;
+            }
+        }
+        if (fill_commit(P, tok_d, tok, sizeof(int32_t) * (size_t)n, err) < 0) { rc = -1; goto done; }
+        eagle3_rows r = {n, tok, pos, seq_of, nseq, bt, NULL};
         bk_tensor at = bk_wrap_f32(aux_d, n, fw), gt = bk_wrap_f32(g_d, n, H), ot = bk_wrap_f32(ho_d, n, H);
         bk_tensor it = bk_wrap_i32(tok_d, n, 1);
         if (eagle3_fc_t(P->head, &at, &gt, err) < 0 || eagle3_layer_t(P->head, &r, &it, &gt, &ot, err) < 0) { rc = -1; goto done; }
@@ -318,7 +392,7 @@ done:
     free(bt);
     free(bt_seq);
     free(ran);
-    free(auxh);
+    free(fidxh);
     return rc;
 }
 
@@ -329,13 +403,9 @@ static int op_aux_layers(void *ctx, int32_t *layers) {
     return eagle3_head_aux_layers(P->head, layers);
 }
 
-static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, const float *aux,
-                     specd_err *err) {
-    e3_proposer *P = ctx;
-    if (n <= 0) return 0;
-    if (pos0 < 0 || !tokens) return specd_err_set(err, "eagle3 extend: bad arguments");
-    e3_seq *s = seq_get(P, id);
-    if (!s) return specd_err_set(err, "out of memory");
+/* The token part of extend: x_{pos0 .. pos0 + n) committed (see eagle3.h). */
+static int extend_tokens(e3_proposer *P, e3_seq *s, const int32_t *tokens, int32_t n, int32_t pos0, specd_err *err) {
+    const int64_t id = s->id;
     if (pos0 > s->n_tok)
         return specd_err_set(err, "eagle3 extend: sequence %lld knows %d tokens, extend starts at %d (gap)", (long long)id,
                              s->n_tok, pos0);
@@ -355,20 +425,94 @@ static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, in
         }
         s->n_tok = p + 1;
     }
-    if (aux) {
-        if (pos0 > s->n_feat)
-            return specd_err_set(err, "eagle3 extend: sequence %lld has features up to %d, extend gives %d.. (gap)",
-                                 (long long)id, s->n_feat, pos0);
-        for (int32_t i = 0; i < n; i++) {
-            int32_t p = pos0 + i;
-            if (p < s->n_feat) continue;
-            if (grow((void **)&s->wfeat, &s->wfeat_cap, p - s->n_kv + 1, sizeof(float) * (size_t)P->featw) < 0)
-                return specd_err_set(err, "out of memory");
-            memcpy(s->wfeat + (size_t)(p - s->n_kv) * P->featw, aux + (size_t)i * P->featw, sizeof(float) * (size_t)P->featw);
-            s->n_feat = p + 1;
-        }
+    return 0;
+}
+
+/* Feature pool chunks for position t, making room when the pool is empty: first by running every sequence's
+ * pending pairs (their windows then hold only their last pair), which the next propose would have run. */
+static int feat_cover_or_run(e3_proposer *P, e3_seq *s, int32_t t, specd_err *err) {
+    if (feat_cover(P, s, t) == 0) return 0;
+    if (run_pairs(P, P->seqs, P->n_seqs, NULL, NULL, NULL, err) < 0) return -1;
+    if (feat_cover(P, s, t) == 0) return 0;
+    if (!P->pool_warned) {
+        P->pool_warned = true;
+        LOG_WARN("eagle3: the draft's feature pool (%d chunks of %d rows) is full with %d sequences; their drafts "
+                 "stop until re-sent (raise eagle3_opts feat_chunks)", P->n_fchunks, P->fc, P->n_seqs);
     }
+    return specd_err_set(err, "eagle3 extend: the draft's feature pool (%d chunks of %d rows) is full", P->n_fchunks,
+                         P->fc);
+}
+
+/* The feature part of extend: f_{pos0 .. pos0 + n) from host rows AUX [n, featw] (host_aux) or from rows
+ * row0 .. row0 + n - 1 of the target's device aux buffer. Host-visible backends keep them in the host window
+ * (wfeat); device backends in the feature pool, copied there on the device (a device -> device copy per
+ * chunk run, or an upload of host rows): nothing comes back to the host. Long windows are run in chunks of
+ * max_rows as they fill (a prefill). */
+static int extend_feats(e3_proposer *P, e3_seq *s, int32_t n, int32_t pos0, const float *aux, int32_t row0,
+                        specd_err *err) {
+    if (pos0 > s->n_feat)
+        return specd_err_set(err, "eagle3 extend: sequence %lld has features up to %d, extend gives %d.. (gap)",
+                             (long long)s->id, s->n_feat, pos0);
+    const int32_t fw = P->featw;
+    for (int32_t i = 0; i < n;) {
+        int32_t p = pos0 + i;
+        if (p < s->n_feat) { i++; continue; }
+        if (!P->fpool.p) { /* host window */
+            if (grow((void **)&s->wfeat, &s->wfeat_cap, p - s->n_kv + 1, sizeof(float) * (size_t)fw) < 0)
+                return specd_err_set(err, "out of memory");
+            memcpy(s->wfeat + (size_t)(p - s->n_kv) * fw, aux + (size_t)i * fw, sizeof(float) * (size_t)fw);
+            s->n_feat = p + 1;
+            i++;
+            continue;
+        }
+        /* a run of rows inside one pool chunk */
+        if (feat_cover_or_run(P, s, p, err) < 0) return -1;
+        int32_t len = P->fc - p % P->fc;
+        if (len > n - i) len = n - i;
+        float *dst = (float *)P->fpool.p + (size_t)feat_row(P, s, p) * fw;
+        if (aux) {
+            if (fill_commit(P, dst, aux + (size_t)i * fw, sizeof(float) * (size_t)len * fw, err) < 0) return -1;
+        } else {
+            bk_tensor d = bk_wrap_f32(dst, len, fw), src = bk_rows(P->src_aux, row0 + i, len);
+            if (P->be->ops->copy_cols(P->be->ctx, &d, 0, &src) < 0)
+                return specd_err_set(err, "eagle3 extend: copying %d feature rows on the device failed", len);
+        }
+        s->n_feat = p + len;
+        i += len;
+        /* bound the window: run a long prefill's pairs now, chunk by chunk */
+        if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows && run_pairs(P, &s, 1, NULL, NULL, NULL, err) < 0) return -1;
+    }
+    return 0;
+}
+
+static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, const float *aux,
+                     specd_err *err) {
+    e3_proposer *P = ctx;
+    if (n <= 0) return 0;
+    if (pos0 < 0 || !tokens) return specd_err_set(err, "eagle3 extend: bad arguments");
+    e3_seq *s = seq_get(P, id);
+    if (!s) return specd_err_set(err, "out of memory");
+    if (extend_tokens(P, s, tokens, n, pos0, err) < 0) return -1;
+    if (aux && extend_feats(P, s, n, pos0, aux, 0, err) < 0) return -1;
     /* bound the window: run long prefills now, in chunks */
+    if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, NULL, err);
+    return 0;
+}
+
+/* extend with the features in the target's device aux buffer (proposer.h extend_rows). */
+static int op_extend_rows(void *ctx, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, int32_t row0,
+                          specd_err *err) {
+    e3_proposer *P = ctx;
+    if (n <= 0) return 0;
+    if (pos0 < 0 || !tokens || row0 < 0) return specd_err_set(err, "eagle3 extend: bad arguments");
+    if (!P->fpool.p || !P->src_aux.data)
+        return specd_err_set(err, "eagle3 extend_rows: the head has no device feature pool or target aux buffer");
+    if ((int64_t)row0 + n > P->src_aux.rows)
+        return specd_err_set(err, "eagle3 extend_rows: rows %d..%d outside the target's aux buffer of %lld", row0,
+                             row0 + n - 1, (long long)P->src_aux.rows);
+    e3_seq *s = seq_get(P, id);
+    if (!s) return specd_err_set(err, "out of memory");
+    if (extend_tokens(P, s, tokens, n, pos0, err) < 0 || extend_feats(P, s, n, pos0, NULL, row0, err) < 0) return -1;
     if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, NULL, err);
     return 0;
 }
@@ -504,7 +648,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
             out = hA;
         }
         nr = nn;
-        eagle3_rows er = {nr, hv ? bk_i32(&ids) : NULL, pos, seq_of, nr, bt};
+        eagle3_rows er = {nr, hv ? bk_i32(&ids) : NULL, pos, seq_of, nr, bt, NULL};
         bk_tensor ot = bk_wrap_f32(out, nr, H);
         if (eagle3_layer_t(P->head, &er, &ids, &g_in, &ot, err) < 0) { rc = -1; goto done; }
         if (out != hA) { float *sw = hA; hA = hB; hB = sw; } /* the layer's output is the next step's hA */
@@ -527,8 +671,9 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
         if (out_q && !samples(P, temps, ci, out_q)) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot */
     }
 done:
-    /* the ping-pong may have swapped: keep P->hA / P->hB naming the two buffers (either order is fine) */
-    if (hA != P->hA.p) { void *sw = P->hA.p; P->hA.p = P->hB.p; P->hB.p = sw; size_t c = P->hA.cap; P->hA.cap = P->hB.cap; P->hB.cap = c; }
+    /* the ping-pong may have swapped: keep P->hA / P->hB naming the two buffers (either order is fine, except
+     * with captured graphs, which read the chain's first rows from gr_x0: P->hA stays that one) */
+    if (hA != P->hA.p && !P->n_gr) { void *sw = P->hA.p; P->hA.p = P->hB.p; P->hB.p = sw; size_t c = P->hA.cap; P->hA.cap = P->hB.cap; P->hB.cap = c; }
     free(who);
     free(stepj);
     free(tok4);
@@ -537,6 +682,182 @@ done:
     free(drh);
     return rc;
 }
+
+/* ------------------------------------------------------------ the chain as a CUDA graph */
+
+/* The captured ops of a chain of gk steps over B rows (every row runs every step, no compaction): per step
+ * the LM head, argmax + d2t into the ids buffer's slice j (4-aligned), and the layer at metadata slot j + 1
+ * fed slice j; the hidden rows alternate between gr_x0 and the other chain buffer. am[s] (s = 1 .. gk - 1)
+ * are the slots' uploaded metadata; pos / seq_of / tables describe them to eagle3_layer_t's host checks. */
+static int graph_ops(e3_proposer *P, int32_t B, bk_attn_meta *am, const int32_t *pos, const int32_t *seq_of,
+                     const int32_t *const *tables, specd_err *err) {
+    const int32_t H = P->H, Vd = P->Vd, pad = (B + 3) & ~3;
+    float *x[2] = {P->gr_x0, P->gr_x0 == P->hA.p ? P->hB.p : P->hA.p};
+    const bk_tensor *d2t = eagle3_head_d2t(P->head);
+    for (int32_t j = 0; j < P->gk; j++) {
+        bk_tensor ht = bk_wrap_f32(x[j & 1], B, H), lt = bk_wrap_f32(P->lg.p, B, Vd);
+        bk_tensor dj = bk_wrap_i32((int32_t *)P->dr.p + (size_t)j * pad, B, 1);
+        if (eagle3_logits_t(P->head, &ht, &lt, err) < 0) return -1;
+        if (P->be->ops->argmax(P->be->ctx, &lt, d2t, &dj) < 0) return specd_err_set(err, "eagle3 graph: argmax failed");
+        if (j + 1 == P->gk) break;
+        eagle3_rows er = {B, NULL, pos + (size_t)(j + 1) * B, seq_of, B + 1, tables, am[j + 1].dev};
+        bk_tensor ot = bk_wrap_f32(x[(j + 1) & 1], B, H);
+        if (eagle3_layer_t(P->head, &er, &dj, &ht, &ot, err) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Uploads the gk - 1 metadata slots of a chain over B rows: real rows r < nr at positions L[r] + s of their
+ * own sequence r (tables[r]), padding rows at position 0 of sequence B (the padding block). pos [gk, B]. */
+static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, int32_t *pos, int32_t *seq_of,
+                      const int32_t **tables, bk_attn_meta *am, specd_err *err) {
+    const bk_graph_ops *go = P->be->ops->graph;
+    for (int32_t r = 0; r < B; r++) seq_of[r] = r < nr ? r : B;
+    for (int32_t r = nr; r < B; r++) tables[r] = NULL; /* unused rows (no token names them) */
+    tables[B] = &P->gr_pad;
+    for (int32_t sl = 1; sl < P->gk; sl++) {
+        int32_t *ps = pos + (size_t)sl * B;
+        for (int32_t r = 0; r < B; r++) ps[r] = r < nr ? L[r] + sl : 0;
+        am[sl] = (bk_attn_meta){B, ps, seq_of, tables, B + 1, NULL, NULL};
+        if (go->meta_slot(P->be->ctx, sl) < 0 || P->be->ops->meta_upload(P->be->ctx, &am[sl]) < 0) {
+            go->meta_slot(P->be->ctx, 0);
+            for (int32_t t = 1; t < sl; t++) P->be->ops->meta_release(P->be->ctx, &am[t]);
+            return specd_err_set(err, "eagle3 graph: metadata slot %d upload failed", sl);
+        }
+    }
+    go->meta_slot(P->be->ctx, 0);
+    return 0;
+}
+
+static void graph_meta_release(e3_proposer *P, bk_attn_meta *am) {
+    for (int32_t sl = 1; sl < P->gk; sl++)
+        if (am[sl].dev) P->be->ops->meta_release(P->be->ctx, &am[sl]);
+}
+
+/* The chain of rows hA[0, nr) (rows[r] = index in S) as one graph launch when a captured bucket fits, every
+ * row greedy and k_max == gk: 1 done (out_tokens filled), 0 = not applicable (run it eagerly), -1 failed. */
+static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int32_t *rows, int32_t nr,
+                       const int32_t *k, int32_t k_max, const float *temps, int32_t *out_tokens, float *out_q,
+                       specd_err *err) {
+    if (!P->n_gr || k_max != P->gk || P->hA.p != P->gr_x0) return 0;
+    for (int32_t r = 0; r < nr; r++)
+        if (samples(P, temps, map[rows[r]], out_q)) return 0;
+    int32_t gi = 0;
+    while (gi < P->n_gr && P->gr[gi].B < nr) gi++;
+    if (gi == P->n_gr) return 0;
+    const int32_t B = P->gr[gi].B, pad = (B + 3) & ~3;
+    for (int32_t r = 0; r < nr; r++) /* every row drafts gk steps: its blocks cover L + gk - 1 */
+        if (seq_cover(P, S[rows[r]], seq_last_pair(S[rows[r]]) + P->gk - 1) < 0) return 0;
+    int32_t *L = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B * P->gk);
+    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)B), *ids = malloc(sizeof(int32_t) * (size_t)pad * P->gk);
+    const int32_t **tables = malloc(sizeof(int32_t *) * (size_t)(B + 1));
+    bk_attn_meta am[16] = {{0}};
+    const bk_graph_ops *go = P->be->ops->graph;
+    int rc = -1;
+    if (!L || !pos || !seq_of || !ids || !tables) { specd_err_set(err, "out of memory"); goto out; }
+    for (int32_t r = 0; r < nr; r++) L[r] = seq_last_pair(S[rows[r]]), tables[r] = S[rows[r]]->blocks;
+    go->fixed_shape(P->be->ctx, true);
+    const int mu = graph_meta(P, B, nr, L, pos, seq_of, tables, am, err);
+    go->fixed_shape(P->be->ctx, false);
+    if (mu < 0) goto out;
+    if (go->launch(P->be->ctx, P->gr[gi].exec) < 0) {
+        specd_err_set(err, "eagle3: chain graph launch failed");
+        graph_meta_release(P, am);
+        goto out;
+    }
+    graph_meta_release(P, am);
+    if (P->be->ops->download(P->be->ctx, ids, P->dr.p, sizeof(int32_t) * (size_t)pad * P->gk) < 0) {
+        specd_err_set(err, "eagle3: drafted ids download failed");
+        goto out;
+    }
+    for (int32_t r = 0; r < nr; r++) {
+        const int32_t ci = map[rows[r]];
+        for (int32_t j = 0; j < k[ci]; j++) {
+            const int32_t id = ids[(size_t)j * pad + r];
+            if (id < 0 || id >= P->Vt) { specd_err_set(err, "eagle3: drafted id %d outside the target vocabulary", id); goto out; }
+            out_tokens[(size_t)ci * k_max + j] = id;
+            if (out_q) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot (greedy rows only here) */
+        }
+    }
+    P->gr_replays++;
+    rc = 1;
+out:
+    free(L), free(pos), free(seq_of), free(ids), free(tables);
+    return rc;
+}
+
+int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err) {
+    e3_proposer *P = p->ctx;
+    const bk_graph_ops *go = P->be->ops->graph;
+    if (!go || !go->meta_slot || P->be->host_visible)
+        return specd_err_set(err, "eagle3 graphs: the %s backend has no graphs with metadata slots", P->be->name);
+    if (P->n_gr) return specd_err_set(err, "eagle3 graphs: already captured");
+    if (k < 1 || k > 15 || k > P->opts.max_k || n < 1)
+        return specd_err_set(err, "eagle3 graphs: k = %d (1 .. min(15, max_k %d)), %d buckets", k, P->opts.max_k, n);
+    if ((P->gr_pad = eagle3_kv_alloc(P->head)) < 0) return specd_err_set(err, "eagle3 graphs: no draft KV block left for padding");
+    P->gr = calloc((size_t)n, sizeof *P->gr);
+    if (!P->gr) return specd_err_set(err, "out of memory");
+    P->gk = k;
+    P->gr_x0 = P->hA.p;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t B = buckets[i];
+        if (B < 1 || B > P->opts.max_seqs || (i > 0 && B <= buckets[i - 1])) {
+            LOG_WARN("eagle3 graphs: bucket %d dropped (ascending, 1 .. max_seqs %d)", B, P->opts.max_seqs);
+            continue;
+        }
+        int32_t *L = calloc((size_t)B, sizeof(int32_t)), *pos = calloc((size_t)B * k, sizeof(int32_t));
+        int32_t *seq_of = calloc((size_t)B, sizeof(int32_t));
+        const int32_t **tables = calloc((size_t)B + 1, sizeof(int32_t *));
+        bk_attn_meta am[16] = {{0}};
+        void *exec = NULL;
+        int rc = -1;
+        if (!L || !pos || !seq_of || !tables) specd_err_set(err, "out of memory");
+        else {
+            go->fixed_shape(P->be->ctx, true);
+            if (graph_meta(P, B, 0, L, pos, seq_of, tables, am, err) == 0) { /* every row padding */
+                if (go->begin(P->be->ctx) < 0) specd_err_set(err, "eagle3 graphs: capture could not begin");
+                else {
+                    const int run = graph_ops(P, B, am, pos, seq_of, tables, err);
+                    const int end = go->end(P->be->ctx, &exec);
+                    if (run == 0 && end == 0) rc = 0;
+                    else {
+                        if (run == 0) specd_err_set(err, "eagle3 graphs: capture / instantiation failed");
+                        if (exec) go->destroy(P->be->ctx, exec);
+                    }
+                }
+                graph_meta_release(P, am);
+            }
+            go->fixed_shape(P->be->ctx, false);
+        }
+        free(L), free(pos), free(seq_of), free(tables);
+        if (rc < 0) {
+            eagle3_graphs_release(p);
+            return specd_err_wrap(err, "eagle3 graphs: bucket %d x %d steps", B, k);
+        }
+        P->gr[P->n_gr].B = B;
+        P->gr[P->n_gr++].exec = exec;
+    }
+    if (!P->n_gr) {
+        eagle3_graphs_release(p);
+        return specd_err_set(err, "eagle3 graphs: no bucket fits (max_seqs %d)", P->opts.max_seqs);
+    }
+    return 0;
+}
+
+void eagle3_graphs_release(spec_proposer *p) {
+    if (!p) return;
+    e3_proposer *P = p->ctx;
+    for (int32_t i = 0; i < P->n_gr; i++)
+        if (P->be->ops->graph) P->be->ops->graph->destroy(P->be->ctx, P->gr[i].exec);
+    free(P->gr);
+    P->gr = NULL;
+    if (P->gr_pad >= 0 && (P->n_gr || P->gk)) eagle3_kv_free(P->head, P->gr_pad);
+    P->n_gr = 0;
+    P->gk = 0;
+    P->gr_pad = -1;
+}
+
+long eagle3_graph_replays(const spec_proposer *p) { return p ? ((const e3_proposer *)p->ctx)->gr_replays : 0; }
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
                       int32_t *out_tokens, float *out_q, specd_err *err) {
@@ -574,7 +895,8 @@ static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n
         int32_t c = 0;
         for (int32_t j = 0; j < gm; j++)
             if (ok[j]) rows[c++] = j;
-        if (nr > 0 && chain(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) < 0) {
+        int gc = nr > 0 ? chain_graph(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) : 1;
+        if (gc < 0 || (gc == 0 && chain(P, S + g0, map + g0, rows, nr, k, k_max, temps, out_tokens, out_q, err) < 0)) {
             rc = -1;
             goto done;
         }
@@ -605,6 +927,9 @@ static void op_free_seq(void *ctx, int64_t id) {
     e3_seq *s = seq_find(P, id, &i);
     if (!s) return;
     seq_release_blocks(P, s, 0);
+    s->n_kv = s->n_feat = 0;
+    feat_release(P, s); /* every chunk back to the pool */
+    free(s->fb);
     free(s->wtok);
     free(s->wfeat);
     free(s->blocks);
@@ -621,6 +946,7 @@ static void op_kv_usage(void *ctx, int64_t *total, int64_t *free_blocks) {
 static const spec_proposer_ops EAGLE3_OPS = {
     .aux_layers = op_aux_layers,
     .extend = op_extend,
+    .extend_rows = op_extend_rows,
     .propose = op_propose,
     .truncate = op_truncate,
     .seed_seq = op_seed_seq,
@@ -689,6 +1015,41 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
         }
         bufs[i].b->cap = bufs[i].bytes;
     }
+    if (!P->be->host_visible) {
+        /* the features of the pending pairs stay on the device: a pool of chunks of fc rows (the KV block
+         * size), enough for a max_rows window (a prefill run as it fills) and, per sequence of a chain group,
+         * a window of k_max + 2 rows across two chunks (eagle3_opts.feat_chunks) */
+        P->fc = eagle3_head_kv(P->head).block_size;
+        const int32_t fc = P->fc;
+        P->n_fchunks = P->opts.feat_chunks > 0
+                           ? P->opts.feat_chunks
+                           : 2 * ((P->opts.max_rows + fc - 1) / fc + 1) + P->opts.max_seqs * ((P->opts.max_k + 2 + fc - 1) / fc + 1);
+        const size_t pool = (size_t)P->n_fchunks * (size_t)fc * (size_t)P->featw * 4;
+        P->ffree = malloc(sizeof(int32_t) * (size_t)P->n_fchunks);
+        P->fpool.p = P->ffree ? P->be->ops->buf_alloc(P->be->ctx, pool) : NULL;
+        P->fidx.p = P->fpool.p ? P->be->ops->buf_alloc(P->be->ctx, R * 4) : NULL;
+        if (!P->fidx.p) {
+            specd_err_set(err, "cannot allocate the draft's feature pool (%d chunks of %d rows: %zu bytes of %s memory)",
+                          P->n_fchunks, fc, pool, P->be->name);
+            eagle3_destroy(&P->pub);
+            return -1;
+        }
+        P->fpool.cap = pool, P->fidx.cap = R * 4;
+        for (int32_t i = 0; i < P->n_fchunks; i++) P->ffree[i] = P->n_fchunks - 1 - i;
+        P->n_ffree = P->n_fchunks;
+        /* the target leaves its aux capture in a fixed device buffer the pool copies from (extend_rows) */
+        int32_t layers[EAGLE3_MAX_AUX];
+        const int32_t na = eagle3_head_aux_layers(P->head, layers);
+        if (P->opts.aux_rows > 0 && model_backend(target) == P->be) {
+            if (model_aux_reserve(target, na, layers, P->opts.aux_rows, err) < 0) {
+                specd_err_wrap(err, "eagle3: the target's device aux buffer");
+                eagle3_destroy(&P->pub);
+                return -1;
+            }
+            const bk_tensor *ad = model_aux_device(target);
+            if (ad) P->src_aux = *ad;
+        }
+    }
     *out = &P->pub;
     return 0;
 }
@@ -696,12 +1057,15 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
 void eagle3_destroy(spec_proposer *p) {
     if (!p) return;
     e3_proposer *P = p->ctx;
+    eagle3_graphs_release(p);
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
-    e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt};
+    e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt,
+                      &P->fpool, &P->fidx};
     if (P->be && !P->be->host_visible) P->be->ops->download(P->be->ctx, NULL, NULL, 0); /* queued work is done */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_drop(P, bufs[i]);
     eagle3_head_destroy(P->head);
+    free(P->ffree);
     free(P);
 }
 

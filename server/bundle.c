@@ -217,7 +217,10 @@ static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64
     const int64_t Vd = ec.draft_vocab, featw = EAGLE3_MAX_AUX * d->hidden, rows = R > S ? R : S;
     const size_t kv_tok = 2 * (size_t)kvd * sizeof(float);
     const size_t ws = 4 * (size_t)rows * (size_t)(5 * H + 2 * qd + 2 * kvd + 2 * ec.ffn) + 4096;
-    const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17);
+    /* + the feature pool (eagle3.h feat_chunks' default, chunks of `block` rows) the pending pairs' features wait in */
+    const int64_t chunks = 2 * ((R + block - 1) / block + 1) + S * ((b->spec.k + 2 + block - 1) / block + 1);
+    const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17) +
+                        4 * (size_t)(chunks * block) * (size_t)featw;
     dd->per_tok = kv_tok;
     dd->fixed = (size_t)files + 4 * (size_t)Vd * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +
                 4 * (size_t)Vd + ((size_t)4 << 20); /* + d2t, norms, alignment */
@@ -337,10 +340,14 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     const size_t fixed = bk_cuda_fixed_bytes(&o), wb = (size_t)d.weight_bytes + ((size_t)d.weight_bytes >> 7) +
                                                        ((size_t)16 << 20); /* + norms, alignment */
     /* graphs: buckets x (decode, verify) x (per layer ~16 kernel nodes + the outputs') */
-    const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1);
+    int32_t len_classes[4];
+    const size_t n_graphs = (size_t)nb * (b->spec.enabled ? 2 : 1) *
+                            (size_t)model_graph_len_classes((int32_t)max_len, 0, len_classes); /* per length class */
     /* DeepSeek-V3: ~32 kernels per layer + 4 per head (the absorbed MLA's per-head GEMMs and copies) */
     const int64_t per_layer = d.deepseek ? 32 + 4 * d.n_heads : 16;
     size_t graphs = n_graphs * (size_t)(per_layer * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
+    if (b->spec.enabled) /* the draft's chain graphs: per bucket k steps of ~24 kernel nodes (layer, LM head, argmax) */
+        graphs += (size_t)nb * (size_t)(24 * (b->spec.k > 0 ? b->spec.k : 1)) * BUNDLE_CUDA_GRAPH_NODE;
     if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
     b->graph_reserve = graphs;
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
@@ -557,7 +564,8 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
     model_graph_opts go = {.buckets = b->graph_buckets, .n_buckets = b->n_graph_buckets, .q = q,
                            .n_q = b->spec.enabled && b->spec.k > 0 ? 2 : 1, .n_aux = n_aux, .aux_layers = aux,
                            .max_step_tokens = cfg->max_num_batched_tokens, .max_seqs = cfg->max_num_seqs + 1,
-                           .max_tokens = cfg->max_num_batched_tokens};
+                           .max_tokens = cfg->max_num_batched_tokens,
+                           .max_len = b->max_model_len}; /* length classes: short steps replay short grids (F8) */
     size_t f0 = 0, f1 = 0, tot = 0;
     if (bk_cuda_mem_info(0, &f0, &tot, err) < 0) return -1;
     if (model_graphs_capture(b->m, &go, err) < 0)
@@ -582,6 +590,16 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
     if (kv_tokens < b->max_model_len)
         return specd_err_set(err, "the KV pool holds %lld tokens after the graphs' padding block, fewer than "
                                   "--max-model-len %d", (long long)kv_tokens, b->max_model_len);
+    /* the head's chain draft loop (on the target's device only): the same buckets, k steps; an optimisation, so
+     * a failure leaves the eager chain with a warning */
+    if (b->proposer && !b->draft_be && b->spec.k > 0 && !b->rk) {
+        specd_err ge = {0};
+        if (eagle3_graphs_capture(b->proposer, b->graph_buckets, b->n_graph_buckets, b->spec.k, &ge) < 0)
+            LOG_WARN("draft: the chain draft loop runs eagerly: %s", ge.msg);
+        else
+            LOG_INFO("draft: chain draft loop captured as CUDA graphs (buckets %s, %d steps; greedy proposes of k = %d)",
+                     list, b->spec.k, b->spec.k);
+    }
     return 0;
 }
 
@@ -652,6 +670,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
             eo.max_rows = cfg->max_num_batched_tokens < 512 ? cfg->max_num_batched_tokens : 512;
             eo.max_seqs = cfg->max_num_seqs;
             eo.max_k = b->spec.k;
+            eo.aux_rows = cfg->max_num_batched_tokens; /* the target's aux stays on the device (counted in the ws) */
             LOG_INFO("draft: on the %s backend with its target", b->device);
         }
         if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {

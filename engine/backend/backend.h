@@ -353,6 +353,11 @@ typedef struct bk_ops {
     /* Graph capture and replay (CUDA graphs); NULL on backends without it
      * (the CPU backend: every step is eager). See bk_graph_ops. */
     const struct bk_graph_ops *graph;
+    /* Optional (NULL: none): the reason of the last op that returned -1 on
+     * the calling thread (what the backend logged), for callers that report
+     * a failure to a request (the engine's device sampling). Valid until the
+     * next op on that thread. */
+    const char *(*last_error)(void *ctx);
 } bk_ops;
 
 /* Graph capture: the ops issued between begin and end are recorded, not run
@@ -373,6 +378,19 @@ typedef struct bk_graph_ops {
     int (*launch)(void *ctx, void *exec);
     void (*destroy)(void *ctx, void *exec);  /* NULL ok */
     void (*fixed_shape)(void *ctx, bool on);
+    /* Optional (NULL: always the backend's bound): the attention length bound
+     * fixed_shape bakes in, max_len > 0 (clamped to the backend's), or 0 for
+     * the backend's own. A graph captured for a length class L serves steps
+     * whose positions are all < L; meta_upload refuses others. The attention
+     * grid (and its mostly idle blocks) scales with the bound, not with the
+     * step's lengths, so short sequences replay a short-class graph. */
+    void (*fixed_len)(void *ctx, int32_t max_len);
+    /* Optional: selects the metadata set the next meta_upload fills (0: the
+     * default one; 1 .. 15: more sets alive at once, each released on its
+     * own, for a captured chain of calls with different positions: the
+     * EAGLE-3 draft loop). A slot's buffers are carved the first time it is
+     * selected (outside a capture). -1 on failure (logged). */
+    int (*meta_slot)(void *ctx, int32_t slot);
 } bk_graph_ops;
 
 typedef struct backend {

@@ -52,6 +52,7 @@
 #include "engine/backend/cuda_backend.h"
 
 #include <stdbool.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,11 +106,21 @@ void *bk_cuda_stream(const backend *b) { (void)b; return NULL; }
     } while (0)
 
 /* Checks a cuda* / kn_* return value inside a function returning int. */
+/* The reason of the last failure on this thread, for bk_ops.last_error (the engine puts it in the failed
+ * requests' error and its log line; review finding F5). Ops run on the engine thread only. */
+static _Thread_local char cu_last_err[384];
+__attribute__((format(printf, 1, 2))) static void cu_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cu_last_err, sizeof cu_last_err, fmt, ap); /* truncated when longer: a reason, not data */
+    va_end(ap);
+}
 #define CU_CHECK(call)                                                                                  \
     do {                                                                                                \
         int cu_rc_ = (int)(call);                                                                       \
         if (cu_rc_ != 0) {                                                                              \
             LOG_ERROR("cuda backend: %s:%d: %s: %s", __FILE__, __LINE__, #call, kn_strerror(cu_rc_));  \
+            cu_note("%s:%d: %s: %s", __FILE__, __LINE__, #call, kn_strerror(cu_rc_));                   \
             return -1;                                                                                  \
         }                                                                                               \
     } while (0)
@@ -118,6 +129,7 @@ void *bk_cuda_stream(const backend *b) { (void)b; return NULL; }
     do {                                                      \
         if (!(cond)) {                                        \
             LOG_ERROR("cuda backend: " __VA_ARGS__);          \
+            cu_note(__VA_ARGS__);                             \
             return -1;                                        \
         }                                                     \
     } while (0)
@@ -157,6 +169,13 @@ typedef struct cu_ctx {
     cudaEvent_t meta_ev;
     bool meta_live;
     kn_attn_batch meta;            /* what bk_attn_meta.dev points at */
+    /* metadata slots 1 .. CU_META_SLOTS - 1 (bk_graph_ops.meta_slot): more sets alive at once, for a captured
+     * chain of layer calls (the draft loop); own pos / seq_of [max_tokens] (carved when first selected, at
+     * capture), the block tables shared with the default set (a chain's calls have the same tables) */
+    int32_t cur_slot;              /* 0: the default set */
+    int32_t *d_spos[16], *d_sseq[16];
+    kn_attn_batch smeta[16];
+    bool slive[16];
     void *d_scratch;
     size_t scratch_bytes;
     int32_t *d_flags;              /* [2]: bad embedding id, bad gather index */
@@ -169,6 +188,7 @@ typedef struct cu_ctx {
     size_t sm_scratch_bytes;
     int32_t sm_vocab;
     bool fixed_shape;              /* meta_upload: stride bt_cap, max_len o.max_len (graph steps) */
+    int32_t fixed_len;             /* > 0: the max_len fixed_shape bakes in instead of o.max_len (a length class) */
     bool capturing;                /* between graph begin and end */
     long graph_launches;           /* replays so far (logs, tests) */
     char name[256];
@@ -334,6 +354,11 @@ static int cu_download(void *vctx, void *dst_host, const void *src, size_t bytes
     return cu_flags_check(c);
 }
 
+static const char *cu_last_error(void *vctx) {
+    (void)vctx;
+    return cu_last_err[0] ? cu_last_err : "no reason recorded";
+}
+
 static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
     cu_ctx *c = vctx;
     CU_REQUIRE(src->type <= BK_W_Q4_1, "weight [%lld x %lld]: format %d has no CUDA kernel (I4G32 is CPU-only)",
@@ -370,7 +395,10 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     cu_ctx *c = vctx;
     const int32_t T = m->n_tokens, bs = c->o.block_size;
     CU_REQUIRE(!c->capturing, "meta_upload inside a graph capture (upload before capture begins)");
-    CU_REQUIRE(!c->meta_live, "meta_upload: the previous step's metadata was not released");
+    const int32_t sl = c->cur_slot;
+    CU_REQUIRE(sl > 0 ? !c->slive[sl] : !c->meta_live, "meta_upload: the previous step's metadata (slot %d) was not "
+               "released", sl);
+    CU_REQUIRE(sl == 0 || c->d_spos[sl], "meta_upload: slot %d has no buffers", sl);
     if (cu_bind(c) < 0) return -1;
     CU_REQUIRE(T > 0 && T <= c->o.max_tokens, "step of %d tokens; this backend was sized for at most %d (max tokens)",
                T, c->o.max_tokens);
@@ -387,7 +415,9 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
         if (p / bs + 1 > stride) stride = p / bs + 1;
     }
     if (c->fixed_shape) { /* a graph step: launch parameters that do not depend on the step's positions */
-        max_len = c->o.max_len;
+        const int32_t bound = c->fixed_len > 0 && c->fixed_len < c->o.max_len ? c->fixed_len : c->o.max_len;
+        CU_REQUIRE(max_len <= bound, "graph step with position %d past its graph's length class %d", max_len - 1, bound);
+        max_len = bound;
         stride = c->bt_cap;
     }
     /* rows [n_seqs, stride]: sequence s's logical blocks 0 .. (its largest position) / block_size */
@@ -402,8 +432,9 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
     }
     memcpy(c->h_pos, m->pos, sizeof(int32_t) * (size_t)T);
     memcpy(c->h_seq, m->seq_of, sizeof(int32_t) * (size_t)T);
-    CU_CHECK(cudaMemcpyAsync(c->d_pos, c->h_pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->stream));
-    CU_CHECK(cudaMemcpyAsync(c->d_seq, c->h_seq, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->stream));
+    int32_t *d_pos = sl > 0 ? c->d_spos[sl] : c->d_pos, *d_seq = sl > 0 ? c->d_sseq[sl] : c->d_seq;
+    CU_CHECK(cudaMemcpyAsync(d_pos, c->h_pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->stream));
+    CU_CHECK(cudaMemcpyAsync(d_seq, c->h_seq, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->stream));
     CU_CHECK(cudaMemcpyAsync(c->d_bt, c->h_bt, sizeof(int32_t) * (size_t)m->n_seqs * (size_t)stride,
                              cudaMemcpyHostToDevice, c->stream));
     if (m->tree_mask) {
@@ -411,37 +442,45 @@ static int cu_meta_upload(void *vctx, bk_attn_meta *m) {
         CU_CHECK(cudaMemcpyAsync(c->d_mask, c->h_mask, (size_t)T * (size_t)T, cudaMemcpyHostToDevice, c->stream));
     }
     CU_CHECK(cudaEventRecord(c->meta_ev, c->stream));
-    c->meta = (kn_attn_batch){.n_tokens = T,
-                              .pos = c->d_pos,
-                              .seq_of = c->d_seq,
-                              .block_tables = c->d_bt,
-                              .bt_stride = stride,
-                              .n_seqs = m->n_seqs,
-                              .tree_mask = m->tree_mask ? c->d_mask : NULL,
-                              .max_len = max_len};
-    m->dev = &c->meta;
-    c->meta_live = true;
+    kn_attn_batch *kb = sl > 0 ? &c->smeta[sl] : &c->meta;
+    *kb = (kn_attn_batch){.n_tokens = T,
+                          .pos = d_pos,
+                          .seq_of = d_seq,
+                          .block_tables = c->d_bt,
+                          .bt_stride = stride,
+                          .n_seqs = m->n_seqs,
+                          .tree_mask = m->tree_mask ? c->d_mask : NULL,
+                          .max_len = max_len};
+    m->dev = kb;
+    if (sl > 0) c->slive[sl] = true;
+    else c->meta_live = true;
     return 0;
 }
 
 static void cu_meta_release(void *vctx, bk_attn_meta *m) {
     cu_ctx *c = vctx;
     if (m->dev == &c->meta) c->meta_live = false;
+    for (int i = 1; i < 16; i++)
+        if (m->dev == &c->smeta[i]) c->slive[i] = false;
     m->dev = NULL;
 }
 
 /* The kernels' metadata of m (checked: uploaded by this backend, same step size). */
 static const kn_attn_batch *cu_meta(cu_ctx *c, const bk_attn_meta *m, int64_t T) {
-    if (!m || m->dev != &c->meta || !c->meta_live) {
+    const kn_attn_batch *kb = NULL;
+    if (m && m->dev == &c->meta && c->meta_live) kb = &c->meta;
+    for (int i = 1; m && !kb && i < 16; i++)
+        if (m->dev == &c->smeta[i] && c->slive[i]) kb = &c->smeta[i];
+    if (!kb) {
         LOG_ERROR("cuda backend: attention metadata used without meta_upload");
         return NULL;
     }
-    if (T != c->meta.n_tokens) {
+    if (T != kb->n_tokens) {
         LOG_ERROR("cuda backend: a [%lld, ...] tensor with the metadata of a %d-token step", (long long)T,
-                  c->meta.n_tokens);
+                  kb->n_tokens);
         return NULL;
     }
-    return &c->meta;
+    return kb;
 }
 
 /* ------------------------------------------------------------ ops */
@@ -1030,6 +1069,26 @@ static void cu_graph_destroy(void *vctx, void *exec) {
 }
 
 static void cu_graph_fixed_shape(void *vctx, bool on) { ((cu_ctx *)vctx)->fixed_shape = on; }
+static void cu_graph_fixed_len(void *vctx, int32_t max_len) { ((cu_ctx *)vctx)->fixed_len = max_len > 0 ? max_len : 0; }
+/* Selects the metadata set meta_upload fills (0: the default); a slot's buffers are carved from the arena the
+ * first time it is selected (load / capture time, never per step). -1 when they cannot be. */
+static int cu_graph_meta_slot(void *vctx, int32_t slot) {
+    cu_ctx *c = vctx;
+    CU_REQUIRE(slot >= 0 && slot < 16, "meta_slot %d (0 .. 15)", slot);
+    CU_REQUIRE(!c->capturing || c->d_spos[slot] || slot == 0, "meta_slot %d: its buffers are carved outside a capture",
+               slot);
+    if (slot > 0 && !c->d_spos[slot]) {
+        c->d_spos[slot] = cu_buf_alloc(c, sizeof(int32_t) * (size_t)c->o.max_tokens);
+        c->d_sseq[slot] = c->d_spos[slot] ? cu_buf_alloc(c, sizeof(int32_t) * (size_t)c->o.max_tokens) : NULL;
+        if (!c->d_sseq[slot]) {
+            cu_buf_free(c, c->d_spos[slot]);
+            c->d_spos[slot] = NULL;
+            CU_REQUIRE(false, "meta_slot %d: no arena room for its metadata buffers", slot);
+        }
+    }
+    c->cur_slot = slot;
+    return 0;
+}
 
 static const bk_graph_ops CUDA_GRAPH_OPS = {
     .begin = cu_graph_begin,
@@ -1037,6 +1096,8 @@ static const bk_graph_ops CUDA_GRAPH_OPS = {
     .launch = cu_graph_launch,
     .destroy = cu_graph_destroy,
     .fixed_shape = cu_graph_fixed_shape,
+    .fixed_len = cu_graph_fixed_len,
+    .meta_slot = cu_graph_meta_slot,
 };
 
 static const bk_ops CUDA_OPS = {
@@ -1057,6 +1118,7 @@ static const bk_ops CUDA_OPS = {
     .buf_free = cu_buf_free,
     .upload = cu_upload,
     .download = cu_download,
+    .last_error = cu_last_error,
     .weight_place = cu_weight_place,
     .meta_upload = cu_meta_upload,
     .meta_release = cu_meta_release,

@@ -387,10 +387,13 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     const bool hv = m->be->host_visible;
     /* this rank's heads, KV heads and MLP width (all of them at TP 1; tp_shard.c) */
     const int32_t T = b->n_tokens, H = c->hidden, nh = m->nh_l, nkv = m->nkv_l, hd = c->head_dim, F = m->ffn_l;
-    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, naux = b->aux ? b->n_aux : 0;
-    /* workspace: x h q k v att | gate up | ids [T] | aux [T, n_aux * H] (device backends) */
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd, naux = b->aux || b->aux_on_device ? b->n_aux : 0;
+    /* aux: the caller's host array (host-visible backends), the reserved fixed buffer (model_aux_reserve: the
+     * draft reads it there), else a workspace region downloaded at the end */
+    const bool aux_fixed = !hv && naux && model_aux_fixed(m, b);
+    /* workspace: x h q k v att | gate up | ids [T] | aux [T, n_aux * H] (device backends without the fixed one) */
     float *w0 = model_workspace(m, (size_t)T * (2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)F + 1 +
-                                                (hv ? 0 : naux * H)) + 11 * BK_TAKE_SLACK);
+                                                (hv || aux_fixed ? 0 : naux * H)) + 11 * BK_TAKE_SLACK);
     if (!w0) return specd_err_set(err, "out of memory for a %d-token step", T);
     bk_cursor wc = {w0};
     bk_tensor x = bk_take(&wc, T, H), h = bk_take(&wc, T, H), q = bk_take(&wc, T, qd), k = bk_take(&wc, T, kvd);
@@ -400,7 +403,7 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     bk_tensor up = bk_take(&wc, T, F);
     int32_t *ids_buf = (int32_t *)(void *)bk_take(&wc, T, 1).data;
     bk_tensor ids = ph & MODEL_PH_UP ? model_ids(m, b, ids_buf) : bk_wrap_i32(ids_buf, T, 1);
-    bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : bk_take(&wc, T, naux * H);
+    bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : aux_fixed ? bk_rows(m->aux_dev, 0, T) : bk_take(&wc, T, naux * H);
 
     bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
     if (!(ph & MODEL_PH_UP)) am.dev = m->ph_dev; /* uploaded by this step's upload phase */

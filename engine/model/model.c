@@ -211,6 +211,7 @@ void model_destroy(model *m) {
         m->be->ops->buf_free(m->be->ctx, m->kv);
         m->be->ops->buf_free(m->be->ctx, m->ws);
         m->be->ops->buf_free(m->be->ctx, m->ws_out);
+        m->be->ops->buf_free(m->be->ctx, m->aux_dev.data);
     }
     dsv3_free(m->ds);
     gguf_close(m->gguf);
@@ -228,11 +229,41 @@ int model_forward(model *m, const model_batch *b, specd_err *err) {
     }
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_idx[i] < 0 || b->out_idx[i] >= b->n_tokens) return specd_err_set(err, "bad out_idx");
+    if (b->aux_on_device && !model_aux_fixed(m, b))
+        return specd_err_set(err, "aux on the device: no reserved aux buffer for %d layers x %d tokens", b->n_aux,
+                             b->n_tokens);
     if (m->gr) {
         const int r = model_graph_forward(m, b, err);
         if (r <= 0) return r;
     }
     return m->cfg.arch == MODEL_ARCH_DEEPSEEK_V3 ? dsv3_forward(m, b, err) : llama_forward(m, b, err);
+}
+
+int model_aux_reserve(model *m, int32_t n_aux, const int32_t *layers, int32_t max_rows, specd_err *err) {
+    if (m->be->host_visible || m->cfg.arch != MODEL_ARCH_LLAMA || n_aux <= 0) return 0;
+    if (n_aux > 8 || max_rows <= 0) return specd_err_set(err, "aux buffer: %d layers x %d rows", n_aux, max_rows);
+    bool same = m->aux_dev.data && m->aux_n == n_aux && max_rows <= m->aux_dev.rows;
+    for (int32_t a = 0; same && a < n_aux; a++) same = m->aux_layers[a] == layers[a];
+    if (same) return 0;
+    if (m->gr) return specd_err_set(err, "aux buffer: reserve it before capturing CUDA graphs (they bake its address)");
+    bk_tensor t;
+    if (bk_tensor_alloc(m->be, BK_F32, max_rows, (int64_t)n_aux * m->cfg.hidden, &t) < 0)
+        return specd_err_set(err, "aux buffer: out of %s memory for %d x %lld floats", m->be->name, max_rows,
+                             (long long)n_aux * m->cfg.hidden);
+    bk_tensor_free(m->be, &m->aux_dev);
+    m->aux_dev = t;
+    m->aux_n = n_aux;
+    memcpy(m->aux_layers, layers, sizeof(int32_t) * (size_t)n_aux);
+    return 0;
+}
+
+const bk_tensor *model_aux_device(const model *m) { return m->aux_dev.data ? &m->aux_dev : NULL; }
+
+bool model_aux_fixed(const model *m, const model_batch *b) {
+    if (!m->aux_dev.data || b->n_aux != m->aux_n || b->n_tokens > m->aux_dev.rows) return false;
+    for (int32_t a = 0; a < b->n_aux; a++)
+        if (b->aux_layers[a] != m->aux_layers[a]) return false;
+    return true;
 }
 
 /* Output rows: gather out_idx rows of x, final norm, then (optionally) the

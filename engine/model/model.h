@@ -139,9 +139,30 @@ typedef struct model_batch {
     int32_t n_aux;
     const int32_t *aux_layers;
     float *aux;
+    /* aux_on_device: the aux rows [n_tokens, n_aux * H] are left in the
+     * model's fixed device buffer (model_aux_device, rows 0 .. n_tokens - 1,
+     * valid until the next forward) and not downloaded (aux may be NULL;
+     * when it is set too they are also downloaded). Needs model_aux_reserve
+     * with these aux layers and n_tokens <= its rows; refused otherwise. */
+    bool aux_on_device;
 } model_batch;
 
 int model_forward(model *m, const model_batch *b, specd_err *err);
+
+/* The EAGLE-3 aux capture in a fixed buffer of the model's backend memory
+ * (docs/engine.md "The draft head on the GPU"): F32 [max_rows, n_aux * H],
+ * allocated once here (never per step), for aux layers LAYERS. From then on
+ * every forward that captures exactly these layers on at most max_rows
+ * tokens writes them there (graphs captured afterwards too), so a draft on
+ * the same device reads them without a host round trip
+ * (model_batch.aux_on_device). A no-op returning 0 on a host-visible
+ * backend (its aux is the caller's host array, zero copies) and for
+ * architectures without a device aux path (DeepSeek-V3 today); a second
+ * call with the same layers and no more rows is a no-op. Refused after CUDA
+ * graphs are captured (they bake the aux address: reserve first). */
+int model_aux_reserve(model *m, int32_t n_aux, const int32_t *layers, int32_t max_rows, specd_err *err);
+/* The buffer model_aux_reserve made (rows = max_rows, cols = n_aux * H), or NULL. */
+const bk_tensor *model_aux_device(const model *m);
 /* True when model_batch.logits_dev works for m: its backend is not
  * host-visible, samples (bk_ops.sample) and the LM head is not split by
  * vocabulary (tensor parallelism gathers it on the host). */
@@ -170,7 +191,21 @@ typedef struct model_graph_opts {
     int32_t max_step_tokens;  /* largest eager step: the workspace is sized for it first (it must never move) */
     int32_t max_seqs;         /* sequences the backend's metadata holds: buckets need B + 1 <= max_seqs */
     int32_t max_tokens;       /* tokens the backend's metadata holds: B * q <= max_tokens */
+    int32_t max_len;          /* > 0: positions stay below it (the engine's max_model_len); every (B, q) is
+                                 captured per length class (model_graph_len_classes) and a step replays the
+                                 smallest class above its positions. 0: one class, the backend's bound */
+    int32_t len_floor;        /* the smallest class (0: 2048) */
 } model_graph_opts;
+/* The length classes of graphs for positions below max_len: max_len, then
+ * max_len / 4, / 16, ... (rounded up to 256, the attention split) while >=
+ * len_floor (0: 2048), at most 4, largest first, into out[4]. Returns the
+ * count (1 when max_len <= 0: the backend's bound). The attention kernel's
+ * grid is T x heads x ceil(L / 256) blocks whatever the step's lengths (the
+ * splits past a token's position exit at once): a graph baked with the
+ * context bound would launch mostly idle blocks for short sequences (review
+ * finding F8); a class per factor 4 bounds that waste to 4x the blocks the
+ * step's longest sequence needs (at >= len_floor), for at most 4x the graphs. */
+int32_t model_graph_len_classes(int32_t max_len, int32_t len_floor, int32_t *out);
 int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err);
 void model_graphs_release(model *m); /* NULL ok; steps run eagerly afterwards */
 typedef struct model_graph_stats {
@@ -178,6 +213,7 @@ typedef struct model_graph_stats {
     long replays;             /* steps run as one graph launch */
     long eager;               /* steps that fit no graph */
     long padded_rows;         /* padding rows computed by replays (waste) */
+    long short_replays;       /* replays of a length class below the largest (model_graph_opts.max_len) */
 } model_graph_stats;
 void model_graph_get_stats(const model *m, model_graph_stats *out);
 

@@ -27,6 +27,16 @@
  * batch-invariant (backend.h), so a real row's bits do not depend on the
  * padding or on B: a replay computes what the eager step computes.
  *
+ * Length classes (review finding F8). The attention kernel's grid is
+ * T x heads x ceil(max_len / 256) blocks for the max_len baked in, whatever
+ * the step's lengths (splits past a token's position exit at once). With
+ * model_graph_opts.max_len every (B, q) is captured per length class L
+ * (model_graph_len_classes: max_len, max_len / 4, ... >= 2048, at most 4)
+ * through the backend's fixed_len, and a step replays the smallest class
+ * above its longest sequence: at most 4x the blocks it needs (above the
+ * floor) instead of up to max_len / its length times. The results do not
+ * depend on the class (a token's arithmetic depends on its own position).
+ *
  * Which steps fit: no tree mask, no final hidden, logits (host, or kept on
  * the device for device sampling: model_batch.logits_dev) for every row in
  * order (out_idx = 0 .. T_r - 1; decode and chain verify steps are so), and
@@ -54,11 +64,13 @@
 typedef struct model_graph {
     int32_t B, q;     /* sequences (real rows' bound), tokens per sequence */
     int32_t T;        /* B * q token rows */
+    int32_t L;        /* length class: positions < L (0: the backend's bound) */
     void *exec;       /* the backend's instantiated graph */
 } model_graph;
 
 struct model_graphs {
-    model_graph *g;   /* sorted by T, then B */
+    model_graph *g;   /* sorted by T, then B, then L (0 last) */
+    int32_t L_top;    /* the largest length class (0: the backend's bound) */
     int32_t n;
     int32_t n_aux;    /* aux layers captured (0: none) */
     int32_t aux_layers[8];
@@ -110,7 +122,8 @@ static model_batch graph_batch(struct model_graphs *gr, const model_graph *g, co
     model_batch p = {
         .n_tokens = g->T, .tokens = gr->tokens, .pos = gr->pos, .seq_of = gr->seq_of, .n_seqs = g->B + 1,
         .block_tables = gr->tables, .tree_mask = NULL, .n_out = g->T, .out_idx = gr->out_idx, .logits = logits,
-        .final_hidden = NULL, .n_aux = aux ? gr->n_aux : 0, .aux_layers = gr->aux_layers, .aux = aux,
+        .final_hidden = NULL, .n_aux = aux || (b && b->aux_on_device) ? gr->n_aux : 0, .aux_layers = gr->aux_layers,
+        .aux = aux, .aux_on_device = b && b->aux_on_device,
         .logits_dev = b && !logits ? b->logits_dev : NULL, /* device sampling: the real rows' logits stay there */
     };
     return p;
@@ -128,6 +141,7 @@ static int graph_capture_one(model *m, model_graph *g, specd_err *err) {
     model_batch p = graph_batch(gr, g, NULL, gr->dummy, gr->n_aux ? gr->dummy : NULL);
     int rc = -1;
     go->fixed_shape(bx, true);
+    if (go->fixed_len) go->fixed_len(bx, g->L);
     m->ph = MODEL_PH_UP; /* uploads happen before the capture opens */
     if (model_arch_forward(m, &p, err) < 0) goto out;
     if (go->begin(bx) < 0) {
@@ -155,12 +169,32 @@ release:;
 out:
     m->ph = 0;
     go->fixed_shape(bx, false);
+    if (go->fixed_len) go->fixed_len(bx, 0);
     return rc;
 }
 
 static int graph_cmp(const void *a, const void *b) {
     const model_graph *x = a, *y = b;
-    return x->T != y->T ? (x->T < y->T ? -1 : 1) : (x->B > y->B) - (x->B < y->B);
+    const uint32_t lx = (uint32_t)(x->L - 1), ly = (uint32_t)(y->L - 1); /* 0 (the backend's bound) sorts last */
+    if (x->T != y->T) return x->T < y->T ? -1 : 1;
+    if (x->B != y->B) return x->B < y->B ? -1 : 1;
+    return (lx > ly) - (lx < ly);
+}
+
+int32_t model_graph_len_classes(int32_t max_len, int32_t len_floor, int32_t *out) {
+    if (max_len <= 0) {
+        out[0] = 0;
+        return 1;
+    }
+    const int32_t floor = len_floor > 0 ? len_floor : 2048;
+    int32_t n = 0, L = max_len;
+    out[n++] = L;
+    while (n < 4) {
+        L = ((L / 4 + 255) / 256) * 256;
+        if (L < floor || L >= out[n - 1]) break;
+        out[n++] = L;
+    }
+    return n;
 }
 
 int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
@@ -175,7 +209,10 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
         return specd_err_set(err, "a KV pool of %d blocks cannot spare the padding block", m->n_blocks);
     struct model_graphs *gr = calloc(1, sizeof *gr);
     if (!gr) return specd_err_set(err, "out of memory");
-    gr->g = calloc((size_t)o->n_buckets * (size_t)o->n_q, sizeof *gr->g);
+    int32_t Ls[4];
+    const int32_t nL = model_graph_len_classes(o->max_len, o->len_floor, Ls);
+    gr->L_top = Ls[0];
+    gr->g = calloc((size_t)o->n_buckets * (size_t)o->n_q * (size_t)nL, sizeof *gr->g);
     for (int32_t qi = 0; gr->g && qi < o->n_q; qi++)
         for (int32_t bi = 0; bi < o->n_buckets; bi++) {
             const int32_t B = o->buckets[bi], q = o->q[qi];
@@ -185,14 +222,18 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
                 return specd_err_set(err, "graph bucket %d x %d tokens: both must be >= 1", B, q);
             }
             if (B + 1 > o->max_seqs || (int64_t)B * q > o->max_tokens) {
-                LOG_INFO("graphs: bucket %d x %d tokens skipped (the backend holds %d sequences, %d tokens per step)",
-                         B, q, o->max_seqs - 1, o->max_tokens);
+                /* a requested bucket that will never replay: its steps run eagerly (review finding F9) */
+                LOG_WARN("graphs: bucket %d sequences x %d tokens dropped: %s (the backend holds %d sequences + the "
+                         "padding one, %d tokens per step); such steps run eagerly", B, q,
+                         B + 1 > o->max_seqs ? "more sequences than the backend's metadata holds"
+                                             : "more tokens than a step of the backend holds",
+                         o->max_seqs - 1, o->max_tokens);
                 continue;
             }
             bool dup = false;
             for (int32_t i = 0; i < gr->n; i++) dup |= gr->g[i].B == B && gr->g[i].T == B * q;
             if (dup) continue;
-            gr->g[gr->n++] = (model_graph){B, q, B * q, NULL};
+            for (int32_t li = 0; li < nL; li++) gr->g[gr->n++] = (model_graph){B, q, B * q, Ls[li], NULL};
             if (B * q > gr->max_T) gr->max_T = B * q;
             if (B + 1 > gr->max_S) gr->max_S = B + 1;
         }
@@ -259,14 +300,16 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
     const int32_t T = b->n_tokens, S = b->n_seqs;
     bool fits = !b->tree_mask && !b->final_hidden && (b->logits || b->logits_dev) && b->n_out == T && T <= gr->max_T;
     for (int32_t i = 0; fits && i < T; i++) fits = b->out_idx[i] == i;
-    const int32_t naux = b->aux ? b->n_aux : 0;
+    const int32_t naux = b->aux || b->aux_on_device ? b->n_aux : 0;
     if (fits && naux) {
         fits = naux == gr->n_aux;
         for (int32_t a = 0; fits && a < naux; a++) fits = b->aux_layers[a] == gr->aux_layers[a];
     }
+    int32_t len = 0; /* the step's longest sequence: positions < len */
+    for (int32_t i = 0; fits && i < T; i++) len = b->pos[i] + 1 > len ? b->pos[i] + 1 : len;
     const model_graph *g = NULL;
     for (int32_t i = 0; fits && !g && i < gr->n; i++)
-        if (T <= gr->g[i].T && S <= gr->g[i].B) g = &gr->g[i];
+        if (T <= gr->g[i].T && S <= gr->g[i].B && (gr->g[i].L == 0 || len <= gr->g[i].L)) g = &gr->g[i];
     if (!g) {
         gr->st.eager++;
         return 1;
@@ -278,10 +321,12 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
      * writes where nobody reads */
     model_batch p = graph_batch(gr, g, b, b->logits, naux ? b->aux : NULL);
     go->fixed_shape(bx, true);
+    if (go->fixed_len) go->fixed_len(bx, g->L);
     m->ph = MODEL_PH_UP;
     m->ph_rows_down = T;
     int rc = model_arch_forward(m, &p, err);
     go->fixed_shape(bx, false);
+    if (go->fixed_len) go->fixed_len(bx, 0);
     if (rc < 0) goto out;
     if (go->launch(bx, g->exec) < 0) {
         specd_err_set(err, "%s backend: graph launch failed", m->be->name);
@@ -296,6 +341,7 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
     if (rc == 0) {
         gr->st.replays++;
         gr->st.padded_rows += g->T - T;
+        gr->st.short_replays += g->L != gr->L_top;
     }
 out:
     m->ph = 0;

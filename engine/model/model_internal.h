@@ -67,6 +67,11 @@ struct model {
     void *ph_dev;                     /* the backend's step metadata, kept from the upload phase to the download */
     int32_t ph_rows_down;             /* download phase of a graph step: rows of aux / logits that are real */
     int32_t kv_pad_blocks;            /* KV blocks past n_blocks kept for graph padding rows (model_graph.c) */
+    /* The EAGLE-3 aux capture's fixed device buffer (model_aux_reserve): F32 [rows, aux_n * H], data NULL
+     * when none (host-visible backends: the caller's host array is written in place). */
+    bk_tensor aux_dev;
+    int32_t aux_n;
+    int32_t aux_layers[8];
 };
 
 #define MODEL_PH_UP 1   /* ids, step metadata, output indices to the backend */
@@ -128,6 +133,8 @@ int64_t dsv3_weight_bytes(const model *m);
 /* Sum of x over the ranks (after a row-parallel linear); no-op at TP 1. */
 int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);
+/* Whether b's aux capture goes to the reserved buffer m->aux_dev (same layers, rows enough). */
+bool model_aux_fixed(const model *m, const model_batch *b);
 
 /* deepseek_v3.c: loads the HF directory m->path (config already parsed). */
 struct hf_config;

@@ -45,6 +45,14 @@ typedef struct engine_runner {
      * NULL: logits downloaded (or in place on host-visible backends) and
      * sampled on the host. engine_create sets it when model_logits_on_device. */
     backend *sample_be;
+    /* Optional: the target's aux capture stays on the device. When set (the
+     * model's fixed buffer, model_aux_device) and the proposer has
+     * extend_rows, forward is called with model_batch.aux = NULL and
+     * .aux_on_device, and the proposer is fed row indices of this buffer
+     * instead of host features: no aux crosses the bus. Prefix-cache hits
+     * are then not taken for speculating sequences (their features are not
+     * kept on the host). engine_create sets it when the model has one. */
+    const bk_tensor *aux_dev;
 } engine_runner;
 
 /* Incremental detokenizer (tok_stream semantics: only final UTF-8 bytes out). */

@@ -128,7 +128,8 @@ struct engine {
     /* speculative decoding (spec.c); all empty without a proposer */
     int32_t n_aux;                                        /* aux layers the proposer wants */
     int32_t aux_layers[8];
-    float *aux; size_t cap_aux_rows;                      /* [n_tokens, n_aux * hidden] */
+    float *aux; size_t cap_aux_rows;                      /* [n_tokens, n_aux * hidden] (host aux only) */
+    bool aux_on_dev;                                      /* aux left on the device (runner.aux_dev + extend_rows) */
     int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
     sched_seq **p_seqs;
     float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */

@@ -29,6 +29,14 @@ typedef struct spec_proposer_ops {
      * for those same positions (the draft pairs feature t with token t+1). */
     int (*extend)(void *ctx, int64_t seq_id, const int32_t *tokens, int32_t n, int32_t pos0,
                   const float *aux, specd_err *err);
+    /* Optional: extend with the features on the device. The same as extend
+     * with aux, except that the features of positions [pos0, pos0 + n) are
+     * rows [aux_row0, aux_row0 + n) of the target's device aux buffer
+     * (model_aux_device of the proposer's target) as the target's last
+     * forward left them; the proposer copies what it keeps on the device
+     * before the next forward. Used when engine_runner.aux_dev is set. */
+    int (*extend_rows)(void *ctx, int64_t seq_id, const int32_t *tokens, int32_t n, int32_t pos0, int32_t aux_row0,
+                       specd_err *err);
     /* Proposes k[i] tokens for each of n sequences: out_tokens[i*k_max + j]
      * (target ids); out_q (if not NULL) [n, k_max, vocab_target] f32 draft
      * probabilities (zero outside the draft vocabulary). */

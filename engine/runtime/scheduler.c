@@ -334,7 +334,7 @@ static int run_batch(engine *e, specd_err *err) {
             plan_plp_rows(e, e->sched[i], &n_out);
             if (ds_on_host(e->sched[i])) plan_out_rows(e, e->sched[i], &n_out);
         }
-    if (e->n_aux > 0 && n_tok > e->cap_aux_rows) {
+    if (e->n_aux > 0 && !e->aux_on_dev && n_tok > e->cap_aux_rows) {
         float *na = realloc(e->aux, n_tok * (size_t)e->n_aux * (size_t)e->runner.hidden * sizeof *na);
         if (!na) goto oom;
         e->aux = na;
@@ -360,7 +360,8 @@ static int run_batch(engine *e, specd_err *err) {
         .logits_dev = e->runner.sample_be ? &e->logits_dev : NULL,
         .n_aux = e->n_aux,
         .aux_layers = e->n_aux > 0 ? e->aux_layers : NULL,
-        .aux = e->n_aux > 0 ? e->aux : NULL,
+        .aux = e->n_aux > 0 && !e->aux_on_dev ? e->aux : NULL,
+        .aux_on_device = e->n_aux > 0 && e->aux_on_dev, /* left for the draft in the model's device buffer */
     };
     double t0 = engine_cost_clock(e);
     int rc = e->runner.forward(e->runner.ctx, &b, err);
@@ -531,7 +532,9 @@ static int device_sample(engine *e, specd_err *err) {
 oom:
     return specd_err_set(err, "engine: out of memory describing %zu sampling rows", n_rows);
 dev_fail:
-    return specd_err_set(err, "engine: %s backend: device sampling failed", be->name);
+    /* the backend's own reason (review finding F5): it reaches the requests' error and the step's log line */
+    return specd_err_set(err, "engine: %s backend: device sampling failed: %s", be->name,
+                         be->ops->last_error ? be->ops->last_error(be->ctx) : "(the backend gives no reason)");
 fail_rows:
     return -1;
 }

@@ -40,6 +40,12 @@
  * shared exactly like the KV), and a hit feeds the proposer the cached
  * tokens with their stored features (spec_feed_prefix_hit). Memory: n_aux *
  * hidden floats per KV slot (SmolLM2: 6.75 KiB per token next to 45 KiB of KV).
+ * Features on the device (engine_runner.aux_dev and the proposer's
+ * extend_rows, docs/engine.md "The draft head on the GPU"): the forward
+ * leaves the aux rows in the model's fixed device buffer, the proposer is
+ * told which rows (extend_rows, row sched_t0 = position n_computed of the
+ * step) and copies them on the device; e->aux and the host aux_pool are not
+ * used, so prefix-cache hits are not taken for speculating sequences.
  *
  * Threading: engine thread only.
  */
@@ -52,6 +58,7 @@
 
 int spec_init(engine *e, specd_err *err) {
     e->n_aux = 0;
+    e->aux_on_dev = false;
     if (!e->proposer) return 0;
     int32_t layers[8];
     int n = e->proposer->ops->aux_layers ? e->proposer->ops->aux_layers(e->proposer->ctx, layers) : 0;
@@ -71,7 +78,18 @@ int spec_init(engine *e, specd_err *err) {
     e->cap_prop = ns;
     free(e->aux_pool);
     e->aux_pool = NULL;
-    if (n > 0 && kv_prefix_caching(e->kv)) {
+    const bk_tensor *ad = e->runner.aux_dev;
+    e->aux_on_dev = n > 0 && ad && e->proposer->ops->extend_rows &&
+                    ad->rows >= (int64_t)e->cfg.max_num_batched_tokens && ad->cols == (int64_t)n * e->runner.hidden;
+    if (n > 0 && ad && !e->aux_on_dev)
+        LOG_INFO("engine: the draft's features travel through the host (device aux buffer %lld x %lld, steps of %d "
+                 "tokens, %d layers x %d%s)", (long long)ad->rows, (long long)ad->cols,
+                 e->cfg.max_num_batched_tokens, n, e->runner.hidden,
+                 e->proposer->ops->extend_rows ? "" : ", the proposer has no extend_rows");
+    if (e->aux_on_dev && kv_prefix_caching(e->kv))
+        LOG_INFO("engine: the draft's features stay on the device: prefix-cache hits are not taken for speculating "
+                 "sequences (no host copy of the features to feed them)");
+    if (n > 0 && kv_prefix_caching(e->kv) && !e->aux_on_dev) {
         size_t slots = (size_t)e->runner.n_blocks * (size_t)e->runner.block_size;
         e->aux_pool = malloc(slots * (size_t)n * (size_t)e->runner.hidden * sizeof *e->aux_pool);
         if (!e->aux_pool)
@@ -215,10 +233,14 @@ void spec_propose(engine *e) {
 
 void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n) {
     if (!e->proposer || !e->proposer->ops->extend || n <= 0) return;
-    const float *aux = e->n_aux > 0 ? e->aux + (size_t)s->sched_t0 * (size_t)e->n_aux * (size_t)e->runner.hidden : NULL;
+    const float *aux = e->n_aux > 0 && !e->aux_on_dev
+                           ? e->aux + (size_t)s->sched_t0 * (size_t)e->n_aux * (size_t)e->runner.hidden
+                           : NULL;
     specd_err err = {0};
     double t0 = engine_now_s();
-    if (e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, aux, &err) != 0)
+    /* row sched_t0 of the step is position pos0 (= n_computed when it was scheduled) */
+    if ((e->aux_on_dev ? e->proposer->ops->extend_rows(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, s->sched_t0, &err)
+                       : e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, aux, &err)) != 0)
         LOG_DEBUG("engine: proposer extend (seq %lld, %d tokens at %d): %s", (long long)s->id, n, pos0, err.msg);
     e->t_draft_s += engine_now_s() - t0;
 }

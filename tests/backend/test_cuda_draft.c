@@ -136,7 +136,7 @@ static void spec_greedy(model *m, backend *draft_be, const char *dir, int32_t k,
  * the CPU target. Every proposal of b must equal a's; each propose of b must
  * synchronise with the device once. */
 #define STEPS 5
-static void batch_compare(model *mc, model *md, const char *dir, const char *hot, int32_t nseq, int32_t k) {
+static void batch_compare(model *mc, model *md, const char *dir, const char *hot, int32_t nseq, int32_t k, bool graphs) {
     const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden;
     specd_err err = {{0}};
     spec_proposer *pa = NULL, *pb = NULL;
@@ -147,6 +147,13 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
         eagle3_destroy(pa);
         return;
     }
+    static const int32_t gb[3] = {1, 2, 4};
+    if (graphs && eagle3_graphs_capture(pb, gb, 3, k, &err) < 0) {
+        EXPECT(0, "chain graphs: %s", err.msg);
+        eagle3_destroy(pa), eagle3_destroy(pb);
+        return;
+    }
+    const long gl0 = fake_graph_launches, gr0 = eagle3_graph_replays(pb);
     eagle3_head *hb = eagle3_proposer_head(pb);
     EXPECT(fake_is_device(eagle3_head_d2t(hb)->data, 4) && fake_is_device(eagle3_head_kv(hb).k, 4),
            "the device head's d2t map and KV must be device memory");
@@ -210,8 +217,12 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
             x[s] = bonus;
         }
     }
-    printf("hot=%s batch %d k=%d: %d drafts identical on the device and the CPU (%d accepted)\n", hot ? "yes" : "no",
-           nseq, k, n_same, n_acc);
+    printf("hot=%s batch %d k=%d%s: %d drafts identical on the device and the CPU (%d accepted)\n", hot ? "yes" : "no",
+           nseq, k, graphs ? " (chain as a CUDA graph, padded to a bucket of 1 / 2 / 4)" : "", n_same, n_acc);
+    if (graphs)
+        EXPECT(eagle3_graph_replays(pb) - gr0 == STEPS && fake_graph_launches - gl0 == STEPS,
+               "every greedy propose replayed the chain graph (%ld replays, %ld graph launches of %d proposes)",
+               eagle3_graph_replays(pb) - gr0, fake_graph_launches - gl0, STEPS);
     { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): the device head brings
        * each step's logits to the host for the draw; with the same seeds both heads draw the same drafts from the
        * same q, bit for bit */
@@ -243,7 +254,7 @@ out:
 int main(void) {
     backend *cpu = bk_cpu_create(0), *draft_cpu = bk_cpu_create(0);
     specd_err err = {{0}};
-    bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)512 << 20, .max_tokens = MAXT, .max_seqs = 4, .max_len = 1024,
+    bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)512 << 20, .max_tokens = MAXT, .max_seqs = 5, .max_len = 1024,
                        .block_size = 16, .max_heads = 16, .max_head_dim = 128};
     backend *dev = bk_cuda_create(&co, &err);
     if (!cpu || !draft_cpu || !dev) { printf("FAIL backends: %s\n", err.msg); return 1; }
@@ -321,7 +332,35 @@ int main(void) {
     snprintf(map, sizeof map, "%s/hot_vocab_4096", head);
     for (int with_map = 0; with_map < 2; with_map++)
         for (int32_t nseq = 1; nseq <= 4; nseq += 3)
-            for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k);
+            for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k, false);
+    /* part 4: the chain draft loop as CUDA graphs on the device head (eagle3_graphs_capture): the same drafts as
+     * the eager CPU head, per-sequence k below the graph's (rows keep drafting, ignored), padded buckets (3 -> 4) */
+    { /* refusals leave the proposer as it was: a CPU head (no graphs), k beyond the chain buffers' max_k */
+        spec_proposer *pc = NULL, *pd = NULL;
+        eagle3_opts o = {.n_blocks = 32, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
+        static const int32_t b1[1] = {1};
+        if (eagle3_load(head, mc, &o, &pc, &err) == 0 && eagle3_load(head, md, &o, &pd, &err) == 0) {
+            const int32_t free0 = eagle3_kv_n_free(eagle3_proposer_head(pd));
+            EXPECT(eagle3_graphs_capture(pc, b1, 1, 2, &err) < 0 && strstr(err.msg, "no graphs"),
+                   "a CPU head's chain graphs: refused (%s)", err.msg);
+            EXPECT(eagle3_graphs_capture(pd, b1, 1, 9, &err) < 0 && strstr(err.msg, "max_k"),
+                   "k = 9 > max_k 8: refused (%s)", err.msg);
+            EXPECT(eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 && eagle3_graph_replays(pd) == 0,
+                   "a refused capture keeps no padding block");
+            EXPECT(eagle3_graphs_capture(pd, b1, 1, 2, &err) == 0 &&
+                       eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 - 1,
+                   "a capture holds one padding block: %s", err.msg);
+            eagle3_graphs_release(pd);
+            EXPECT(eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0, "a release gives the padding block back");
+        } else {
+            EXPECT(0, "eagle3_load: %s", err.msg);
+        }
+        eagle3_destroy(pc), eagle3_destroy(pd);
+    }
+    batch_compare(mc, md, head, NULL, 1, 3, true);
+    batch_compare(mc, md, head, NULL, 3, 5, true);
+    batch_compare(mc, md, head, NULL, 3, 1, true);
+    batch_compare(mc, md, head, map, 4, 4, true);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     dt_rm_head(dir);
     model_destroy(mc), model_destroy(md);

@@ -74,6 +74,8 @@ typedef struct step {
 
 static int32_t tables[NS][NB];
 static int32_t len[NS];
+#define NBL 20    /* blocks of the long sequence (320 positions), after the others' NS * NB */
+static int32_t long_table[NBL];
 
 /* Adds q tokens of sequence s (its next positions) to st; ids from a hash of (s, position, salt). */
 static void add_seq(step *st, int32_t s, int32_t q, int32_t V, uint32_t salt) {
@@ -165,7 +167,8 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     struct stat stt;
     if (stat(path, &stt) != 0) { printf("%s: absent, skipped\n", path); return; }
     specd_err err = {{0}};
-    model_load_opts mo = {.block_size = 16, .n_blocks = NS * NB + 1}; /* + 1: the graph model's padding block */
+    /* + the long sequence's blocks, + 1: the graph model's padding block */
+    model_load_opts mo = {.block_size = 16, .n_blocks = NS * NB + NBL + 1};
     side c = {cpu, NULL}, e = {fake_dev(), NULL}, g = {fake_dev(), NULL};
     float *lc = NULL, *le = NULL, *lg = NULL, *ae = NULL, *ag = NULL;
     if (!e.be || !g.be) goto out;
@@ -180,10 +183,13 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     const int32_t n_aux = with_aux ? 2 : 0;
     /* CPU capture is refused with the reason */
     static const int32_t buckets[] = {1, 2, 4, 8}, qs[] = {1, 4};
+    /* length classes (F8): 512 (the backend's bound) and 256 (the next, 512 / 4 rounded up to the attention's
+     * 256-position split; floor 64): short steps replay grids of one split per (token, head) */
     model_graph_opts go = {.buckets = buckets, .n_buckets = 4, .q = qs, .n_q = 2, .n_aux = n_aux,
-                           .aux_layers = aux_layers, .max_step_tokens = MAXT, .max_seqs = NS + 1, .max_tokens = 64};
+                           .aux_layers = aux_layers, .max_step_tokens = MAXT, .max_seqs = NS + 1, .max_tokens = 64,
+                           .max_len = 512, .len_floor = 64};
     EXPECT(model_graphs_capture(c.m, &go, &err) < 0 && strstr(err.msg, "no graphs"), "CPU: refused (%s)", err.msg);
-    EXPECT(model_kv_n_blocks(c.m) == NS * NB + 1, "a refused capture leaves the pool whole");
+    EXPECT(model_kv_n_blocks(c.m) == NS * NB + NBL + 1, "a refused capture leaves the pool whole");
     const long cap0 = fake_captured_launches;
     const int32_t nb0 = model_kv_n_blocks(g.m);
     if (model_graphs_capture(g.m, &go, &err) < 0) {
@@ -192,11 +198,11 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     }
     model_graph_stats gs;
     model_graph_get_stats(g.m, &gs);
-    EXPECT(gs.n_graphs == 8, "8 graphs captured (%d)", gs.n_graphs);
+    EXPECT(gs.n_graphs == 16, "16 graphs captured: 8 buckets x 2 length classes (%d)", gs.n_graphs);
     EXPECT(model_kv_n_blocks(g.m) == nb0 - 1, "the padding block left the pool (%d -> %d)", nb0,
            model_kv_n_blocks(g.m));
     EXPECT(ON_GPU || fake_captured_launches > cap0, "captures recorded launches");
-    printf("%s: 8 graphs captured, %ld launches recorded\n", path, fake_captured_launches - cap0);
+    printf("%s: 16 graphs captured (2 length classes), %ld launches recorded\n", path, fake_captured_launches - cap0);
 
     /* physical blocks: sequence s owns s, s + NS, s + 2 NS, ... (interleaved, so a wrong table collides) */
     for (int32_t s = 0; s < NS; s++) {
@@ -287,11 +293,60 @@ static void test_model(const char *path, backend *cpu, bool with_aux) {
     model_graph_get_stats(g.m, &gs);
     EXPECT(n_replayed == 15 && n_eager == 1, "15 steps replayed, 1 eager (%d, %d)", n_replayed, n_eager);
     EXPECT(gs.replays == n_replayed && gs.eager == NS + n_eager, "stats: replays %ld, eager %ld", gs.replays, gs.eager);
+    EXPECT(gs.short_replays == gs.replays, "every step so far (positions < 128) replayed the short class (%ld of %ld)",
+           gs.short_replays, gs.replays);
+    { /* a long sequence (positions up to 305: past the short class) prefilled eagerly, then a decode step of it
+       * with 3 short ones and a verify step of it: both replay the 512 class, equal to eager bit for bit (a graph
+       * of the short class would bake max_len 256 < its positions: meta_upload refuses, the kernels flag it) */
+        for (int32_t j = 0; j < NBL; j++) long_table[j] = NS * NB + j;
+        int32_t llen = 0;
+        const long sr0 = gs.short_replays, r0 = gs.replays;
+        for (int chunk = 0; llen < 300 && !n_fail; chunk++) {
+            step st = {0};
+            st.bt[0] = long_table, st.n_seqs = 1;
+            for (int32_t j = 0; j < MAXT && llen + j < 300; j++, st.n++)
+                st.pos[st.n] = llen + j, st.seq[st.n] = 0, st.tok[st.n] = (llen + j) * 7 % V, st.oi[st.n] = st.n;
+            const int32_t oi[1] = {st.n - 1};
+            if (run(&e, &st, 1, oi, le, 0, NULL, NULL, &err) || run(&g, &st, 1, oi, lg, 0, NULL, NULL, &err) ||
+                (!ON_GPU && run(&c, &st, 1, oi, lc, 0, NULL, NULL, &err))) {
+                EXPECT(0, "long prefill: %s", err.msg);
+                goto out;
+            }
+            llen += st.n;
+        }
+        for (int k = 0; k < 2; k++) {
+            step st = {0};
+            const int32_t ql = k == 0 ? 1 : 4;
+            st.bt[0] = long_table, st.n_seqs = 1;
+            for (int32_t j = 0; j < ql; j++, st.n++)
+                st.pos[st.n] = llen + j, st.seq[st.n] = 0, st.tok[st.n] = (llen + j) * 7 % V, st.oi[st.n] = st.n;
+            if (k == 0)
+                for (int32_t s = 0; s < 3; s++) add_seq(&st, s, 1, V, 99);
+            if (run(&g, &st, st.n, st.oi, lg, n_aux, aux_layers, ag, &err) ||
+                run(&e, &st, st.n, st.oi, le, n_aux, aux_layers, ae, &err) ||
+                (!ON_GPU && run(&c, &st, st.n, st.oi, lc, 0, NULL, NULL, &err))) {
+                EXPECT(0, "long step %d: %s", k, err.msg);
+                goto out;
+            }
+            EXPECT(!memcmp(le, lg, sizeof(float) * (size_t)st.n * V) &&
+                       (!n_aux || !memcmp(ae, ag, sizeof(float) * (size_t)st.n * n_aux * H)),
+                   "long step %d (position %d): the 512-class replay differs from eager", k, llen);
+            EXPECT(ON_GPU || !memcmp(lc, le, sizeof(float) * (size_t)st.n * V), "long step %d: eager device == CPU", k);
+            if (k == 0)
+                for (int32_t s = 0; s < 3; s++) len[s] += 1;
+            llen += 1;
+        }
+        model_graph_get_stats(g.m, &gs);
+        EXPECT(gs.replays == r0 + 2 && gs.short_replays == sr0, "the long steps replayed the 512 class (replays +%ld, "
+               "short +%ld)", gs.replays - r0, gs.short_replays - sr0);
+        n_eager += (300 + MAXT - 1) / MAXT;
+    }
     EXPECT(gs.padded_rows > 0, "padding happened (%ld rows)", gs.padded_rows);
     EXPECT(n_dev == n_plan / 2, "%d steps kept their logits on the device", n_dev);
     printf("%s%s: %d/%d steps bit-identical to eager (%d replayed as one graph launch each, %d eager, %ld padding "
-           "rows; %d with the logits left on the device)\n", path, n_aux ? " (aux)" : "", n_same, n_plan, n_replayed,
-           n_eager, gs.padded_rows, n_dev);
+           "rows; %d with the logits left on the device); length classes: %ld replays at 256, 2 at 512 (a "
+           "305-position sequence), bit-identical\n", path, n_aux ? " (aux)" : "", n_same, n_plan, n_replayed,
+           n_eager, gs.padded_rows, n_dev, gs.short_replays);
 out:
     free(lc), free(le), free(lg), free(ae), free(ag);
     model_destroy(c.m), model_destroy(e.m), model_destroy(g.m);

@@ -202,6 +202,70 @@ static void test_op_outgrown(void) {
     bk_cuda_destroy(dev);
 }
 
+/* Review finding F5: a device sampling failure reaches the request's error with the backend's own reason
+ * (bk_ops.last_error), not a bare "failed". A backend whose sampler buffers are NOT carved at create
+ * (sample_vocab 0) and whose arena is then filled (after a warm-up forward grew the model's workspace): the
+ * first step that samples cannot stage its inputs, and the request finishes with FINISH_ERROR whose text
+ * names the arena ("no arena room for ... sampling inputs"). */
+static void test_engine_error(const char *path) {
+    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)64 << 20, .max_tokens = 64, .max_seqs = 4, .max_len = 160,
+                      .block_size = EG_BS, .max_heads = 16, .max_head_dim = 128};
+    specd_err err = {{0}};
+    backend *dev = bk_cuda_create(&o, &err);
+    model_load_opts mo = {.block_size = EG_BS, .n_blocks = 16};
+    model *md = NULL;
+    if (!dev || model_load(path, dev, &mo, &md, &err) < 0) {
+        EG_EXPECT(0, "backend / model: %s", err.msg);
+        bk_cuda_destroy(dev);
+        return;
+    }
+    static const int32_t prompt[5] = {5, 9, 33, 7, 101};
+    int32_t pos[5], seq[5] = {0}, out[5], table[1] = {0};
+    for (int i = 0; i < 5; i++) pos[i] = i, out[i] = i;
+    const int32_t *tables[1] = {table};
+    float *lg = malloc(sizeof(float) * 5 * (size_t)model_get_config(md)->vocab);
+    model_batch b = {.n_tokens = 5, .tokens = prompt, .pos = pos, .seq_of = seq, .n_seqs = 1, .block_tables = tables,
+                     .n_out = 5, .out_idx = out, .logits = lg};
+    EG_EXPECT(model_forward(md, &b, &err) == 0, "warm-up forward: %s", err.msg); /* workspaces at their size */
+    void *fill[1024];
+    int n_fill = 0;
+    while (n_fill < 1024 && (fill[n_fill] = dev->ops->buf_alloc(dev->ctx, (size_t)64 << 10))) n_fill++;
+    while (n_fill < 1024 && (fill[n_fill] = dev->ops->buf_alloc(dev->ctx, 256))) n_fill++;
+    engine_runner r = {.ctx = md, .forward = eg_fwd, .vocab = model_get_config(md)->vocab,
+                       .hidden = model_get_config(md)->hidden, .block_size = EG_BS, .n_blocks = model_kv_n_blocks(md),
+                       .sample_be = dev};
+    engine_detok d = {.stream_create = eg_dt_create, .stream_destroy = eg_dt_destroy, .push = eg_dt_push,
+                      .flush = eg_dt_flush, .eos_ids = eg_eos, .n_eos = 1};
+    engine_config cfg = {.max_model_len = 64, .max_num_seqs = 4, .max_num_batched_tokens = 64, .max_waiting = 4};
+    engine *e = NULL;
+    engine_request q;
+    memset(&q, 0, sizeof q);
+    sampling_params_init(&q.sp);
+    q.sp.temperature = 0.0f, q.sp.max_tokens = 4;
+    q.prompt = prompt, q.n_prompt = 5;
+    engine_stream *st = NULL;
+    if (engine_create_ex(&cfg, &r, &d, md, NULL, &e, &err) == 0) st = engine_submit(e, &q, NULL, NULL, NULL, &err);
+    EG_EXPECT(st, "engine / submit: %s", err.msg);
+    if (st) {
+        specd_err se = {{0}};
+        EG_EXPECT(engine_step(e, &se) < 0, "the step sampled without room for its inputs");
+        engine_output *eo = NULL;
+        EG_EXPECT(engine_stream_wait(st, &eo, 0.0) && eo && eo->finish == FINISH_ERROR, "the request did not fail");
+        const char *want = "no arena room for";
+        EG_EXPECT(eo && strstr(eo->error, want) && strstr(se.msg, want),
+                  "the backend's reason ('%s ...') is not in the request's error '%s' / the step's '%s'", want,
+                  eo ? eo->error : "", se.msg);
+        if (eo && strstr(eo->error, want)) printf("device sampling failure: the request's error: %s\n", eo->error);
+        engine_output_free(eo);
+        engine_stream_release(st);
+    }
+    engine_destroy(e);
+    for (int i = 0; i < n_fill; i++) dev->ops->buf_free(dev->ctx, fill[i]);
+    free(lg);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+}
+
 int main(void) {
     const char *mini = getenv("MODEL_HF_MINI_DIR");
     char path[4096];
@@ -229,6 +293,7 @@ int main(void) {
     }
     test_op_chains(dev);
     test_op_outgrown();
+    test_engine_error(path);
     eg_scenarios(mc, md, dev);
     EG_EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     model_destroy(mc), model_destroy(md);

@@ -108,7 +108,7 @@ static double q8_prefill(const char *dir, const char *name, int *top1_equal) {
     for (int i = 0; i < P; i++) pos[i] = i;
     float *g = malloc(sizeof(float) * P * H), *hout = malloc(sizeof(float) * P * H), *lg = malloc(sizeof(float) * P * Vd);
     assert_int_equal(eagle3_fc(h, g_feats, P, g, &err), 0);
-    eagle3_rows rows = {P, g_ids + 1, pos, seq_of, 1, tables};
+    eagle3_rows rows = {P, g_ids + 1, pos, seq_of, 1, tables, NULL};
     assert_int_equal(eagle3_layer(h, &rows, g, hout, &err), 0);
     assert_int_equal(eagle3_logits(h, hout, P, lg, &err), 0);
     double worst = 0;
@@ -160,7 +160,7 @@ static void run_head(const char *name, bool expect_nbr, bool expect_bias, float 
     int32_t pos[P], seq_of[P] = {0};
     for (int i = 0; i < P; i++) pos[i] = i;
     assert_int_equal(eagle3_fc(h, g_feats, P, g, &err), 0);
-    eagle3_rows rows = {P, g_ids + 1, pos, seq_of, 1, tables};
+    eagle3_rows rows = {P, g_ids + 1, pos, seq_of, 1, tables, NULL};
     assert_int_equal(eagle3_layer(h, &rows, g, hout, &err), 0);
     assert_int_equal(eagle3_logits(h, hout, P, lg, &err), 0);
     for (int r = 0; r < P; r++)
@@ -175,7 +175,7 @@ static void run_head(const char *name, bool expect_nbr, bool expect_bias, float 
     memcpy(gh, hout + (size_t)(P - 1) * H, sizeof(float) * H);
     for (int j = 1; j <= K; j++) {
         int32_t tok = (int32_t)used[d], p = NT - 2 + j, s0 = 0;
-        eagle3_rows r1 = {1, &tok, &p, &s0, 1, tables};
+        eagle3_rows r1 = {1, &tok, &p, &s0, 1, tables, NULL};
         assert_int_equal(eagle3_layer(h, &r1, gh, hout, &err), 0);
         assert_int_equal(eagle3_logits(h, hout, 1, lg, &err), 0);
         check_row(name, P + j - 1, lg, Vd, hout, s_sel + (j - 1) * NSEL, s_sl + (j - 1) * NSEL, s_lse[j - 1],

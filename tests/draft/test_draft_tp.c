@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     const int32_t tok[N] = {1, 504, 3000, 17}, pos[N] = {0, 1, 2, 3}, seq[N] = {0, 0, 0, 0};
     const int32_t b3 = eagle3_kv_alloc(h), b1 = eagle3_kv_alloc(h1);
     const int32_t *t3[1] = {&b3}, *t1[1] = {&b1};
-    eagle3_rows r3 = {N, tok, pos, seq, 1, t3}, r1 = {N, tok, pos, seq, 1, t1};
+    eagle3_rows r3 = {N, tok, pos, seq, 1, t3, NULL}, r1 = {N, tok, pos, seq, 1, t1, NULL};
     if (eagle3_layer(h, &r3, g, o3, &err) < 0 || eagle3_layer(h1, &r1, g, o1, &err) < 0 ||
         eagle3_logits(h, o3, N, l3, &err) < 0 || eagle3_logits(h1, o1, N, l1, &err) < 0) {
         fprintf(stderr, "FAIL: forward: %s\n", err.msg);

@@ -32,6 +32,14 @@
  * token for token, for k = 1..5, with and without the hot vocabulary; the
  * GPU kernels are batch-invariant, so this holds bit for bit whatever the
  * drafts are.
+ * Part 3, the features on the device (model_aux_reserve through
+ * eagle3_opts.aux_rows, the forward's aux_on_device, extend_rows into the
+ * head's feature pool): at k = 1 and 4 every draft equals the Part 2 run's
+ * (host features: downloaded and uploaded again, exact copies) and the output
+ * equals plain greedy.
+ * Part 4, the chain draft loop as a CUDA graph (eagle3_graphs_capture, bucket
+ * 1): at k = 1 and 4 the drafts equal the eager chain's and every propose
+ * replays the graph.
  * Exits 77 with the reason without a usable GPU, a target or the head. The
  * arena is 2 GiB (SPECD_CUDA_TEST_ARENA_MB overrides). tests/backend builds
  * this same file against the fake device (backend_cuda_eagle3_on_fake, with
@@ -91,15 +99,20 @@ static model *load_target(const char *path, backend *be) {
     return m;
 }
 
-/* One target step of n tokens at pos0 (sequence 0, g_table); all rows' logits, aux when asked. */
+/* One target step of n tokens at pos0 (sequence 0, g_table); all rows' logits, aux when asked (dev_aux: left in
+ * the model's device aux buffer, model_aux_reserve, for extend_rows). */
+static bool g_dev_aux;
+static bool g_graphs; /* the chain draft loop as CUDA graphs (eagle3_graphs_capture, bucket 1, K = k) */
+static long g_replays;
 static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, float *logits, const int32_t *layers,
                   float *aux) {
     int32_t pos[MAXT], seq[MAXT] = {0}, out[MAXT];
     for (int32_t i = 0; i < n; i++) pos[i] = pos0 + i, out[i] = i;
     const int32_t *tables[1] = {g_table};
+    const bool dev = aux && g_dev_aux;
     model_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq_of = seq, .n_seqs = 1, .block_tables = tables,
                      .n_out = logits ? n : 0, .out_idx = out, .logits = logits, .n_aux = aux ? 3 : 0,
-                     .aux_layers = layers, .aux = aux};
+                     .aux_layers = layers, .aux = dev ? NULL : aux, .aux_on_device = dev};
     specd_err err = {{0}};
     if (model_forward(m, &b, &err) < 0) { printf("FAIL forward on %s: %s\n", model_backend(m)->name, err.msg); n_fail++; return -1; }
     return 0;
@@ -154,7 +167,7 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
     const int32_t bc[2] = {eagle3_kv_alloc(hc), eagle3_kv_alloc(hc)}, bg[2] = {eagle3_kv_alloc(hg), eagle3_kv_alloc(hg)};
     const int32_t *tc[1] = {bc}, *tg[1] = {bg};
     for (int32_t t = 0; t < n; t++) tk[t] = tok[t + 1], pos[t] = t;
-    eagle3_rows rc = {n, tk, pos, seq, 1, tc}, rg = {n, tk, pos, seq, 1, tg};
+    eagle3_rows rc = {n, tk, pos, seq, 1, tc, NULL}, rg = {n, tk, pos, seq, 1, tg, NULL};
     if (eagle3_fc(hc, aux, n, g, &err) < 0 || eagle3_layer(hc, &rc, g, hc_out, &err) < 0 ||
         eagle3_logits(hc, hc_out, n, lc, &err) < 0) {
         EXPECT(0, "cpu head forward: %s", err.msg);
@@ -201,20 +214,31 @@ out:
     eagle3_destroy(pc), eagle3_destroy(pg);
 }
 
-/* Part 2: GEN greedy tokens, plain (k = 0) or speculative with the head in dir on the target's backend. */
-static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_t *out) {
+/* extend with host rows, or (g_dev_aux) with rows row0.. of the target's device aux buffer (extend_rows) */
+static int feed(spec_proposer *sp, const int32_t *tok, int32_t n, int32_t pos0, const float *aux, specd_err *err) {
+    if (!aux || !g_dev_aux) return sp->ops->extend(sp->ctx, 1, tok, n, pos0, aux, err);
+    return sp->ops->extend_rows(sp->ctx, 1, tok, n, pos0, 0, err);
+}
+
+/* Part 2: GEN greedy tokens, plain (k = 0) or speculative with the head in dir on the target's backend; the
+ * drafts proposed go to props[GEN * 5] when not NULL. g_dev_aux: the features never leave the device. */
+static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_t *out, int32_t *props) {
     const int32_t V = model_get_config(m)->vocab, H = model_get_config(m)->hidden;
     float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
     int32_t prompt[P], layers[8] = {0}, n_out = 0, mpos = P;
     for (int32_t i = 0; i < P; i++) prompt[i] = (int32_t)((1000 + 37 * (int64_t)i) % V);
     spec_proposer *sp = NULL;
     specd_err err = {{0}};
-    eagle3_opts o = {.n_blocks = 16, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 8};
+    eagle3_opts o = {.n_blocks = 16, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 8,
+                     .aux_rows = g_dev_aux ? MAXT : 0};
+    int32_t n_props = 0;
     if (k > 0 && eagle3_load(dir, m, &o, &sp, &err) < 0) { EXPECT(0, "eagle3_load: %s", err.msg); goto out; }
+    static const int32_t bucket1[1] = {1};
+    if (sp && g_graphs && eagle3_graphs_capture(sp, bucket1, 1, k, &err) < 0) { EXPECT(0, "chain graphs: %s", err.msg); goto out; }
     if (sp) sp->ops->aux_layers(sp->ctx, layers);
     if (target(m, prompt, P, 0, lg, layers, sp ? aux : NULL) < 0) goto out;
     int32_t x = argmax(lg + (size_t)(P - 1) * V, V);
-    if (sp && (sp->ops->extend(sp->ctx, 1, prompt, P, 0, aux, &err) < 0 ||
+    if (sp && (feed(sp, prompt, P, 0, aux, &err) < 0 ||
                sp->ops->extend(sp->ctx, 1, &x, 1, P, NULL, &err) < 0)) { EXPECT(0, "extend: %s", err.msg); goto out; }
     out[n_out++] = x;
     while (n_out < GEN && !n_fail) {
@@ -225,12 +249,13 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
             float t0 = 0.0f;
             if (sp->ops->propose(sp->ctx, &id, &k, 1, k, &t0, d, NULL, &err) < 0) { EXPECT(0, "propose: %s", err.msg); break; }
             for (int j = 0; j < k; j++) batch[1 + j] = d[j] >= 0 ? d[j] : 0;
+            for (int j = 0; j < k && props && n_props < GEN * 5; j++) props[n_props++] = d[j];
         }
         const int32_t nb = sp ? k + 1 : 1;
         if (target(m, batch, nb, mpos, lg, layers, sp ? aux : NULL) < 0) break;
         while (a < nb - 1 && argmax(lg + (size_t)a * V, V) == batch[1 + a]) a++;
         const int32_t next = argmax(lg + (size_t)a * V, V);
-        if (sp && (sp->ops->extend(sp->ctx, 1, batch, a + 1, mpos, aux, &err) < 0 ||
+        if (sp && (feed(sp, batch, a + 1, mpos, aux, &err) < 0 ||
                    sp->ops->extend(sp->ctx, 1, &next, 1, mpos + a + 1, NULL, &err) < 0)) {
             EXPECT(0, "extend: %s", err.msg);
             break;
@@ -241,6 +266,7 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
         x = next;
     }
 out:
+    g_replays += eagle3_graph_replays(sp);
     free(lg), free(aux);
     eagle3_destroy(sp);
 }
@@ -275,17 +301,50 @@ int main(void) {
     model *mc = load_target(tgt, cpu), *mg = load_target(tgt, gpu);
     test_forward(mc, mg, head, NULL);
     test_forward(mc, mg, head, map);
-    int32_t ref[GEN] = {0};
-    greedy(mg, head, NULL, 0, ref);
+    int32_t ref[GEN] = {0}, props_host[2][GEN * 5];
+    memset(props_host, 0xff, sizeof props_host); /* -1 past the drafts a run records */
+    greedy(mg, head, NULL, 0, ref, NULL);
     for (int with_map = 0; with_map < 2; with_map++)
         for (int32_t k = 1; k <= 5; k++) {
             int32_t out[GEN] = {0};
-            greedy(mg, head, with_map ? map : NULL, k, out);
+            greedy(mg, head, with_map ? map : NULL, k, out, !with_map && (k == 1 || k == 4) ? props_host[k == 4] : NULL);
             EXPECT(!memcmp(out, ref, sizeof ref), "k=%d%s: speculative greedy on the GPU != plain greedy on the GPU", k,
                    with_map ? " (hot vocabulary)" : "");
         }
     printf("speculative greedy (target and head on the GPU, k = 1..5, whole and hot head) == plain greedy: %s\n",
            n_fail ? "NO" : "16 tokens each");
+    /* Part 3: the features never leave the device (model_aux_reserve via eagle3_opts.aux_rows, the forward's
+     * aux_on_device, extend_rows into the head's feature pool): the same drafts as with the features
+     * downloaded and uploaded again (exact copies both ways), and speculative greedy == plain greedy */
+    g_dev_aux = true;
+    for (int32_t k = 1; k <= 4; k += 3) {
+        int32_t out[GEN] = {0}, props[GEN * 5];
+        memset(props, 0xff, sizeof props);
+        greedy(mg, head, NULL, k, out, props);
+        EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, features on the device: speculative greedy != plain greedy", k);
+        EXPECT(!memcmp(props, props_host[k == 4], sizeof props),
+               "k=%d: the drafts with the features on the device differ from those with host features", k);
+    }
+    g_dev_aux = false;
+    printf("features on the device (k = 1, 4): drafts identical to the host-feature runs, output == plain greedy: %s\n",
+           n_fail ? "NO" : "yes");
+    /* Part 4: the chain draft loop replayed as a CUDA graph (bucket 1, K = k): the eager chain's drafts, bit for
+     * bit (the same kernels on the same inputs; the graph bakes the backend's length bound, which does not
+     * change a token's arithmetic), and every propose a replay */
+    g_graphs = true;
+    for (int32_t k = 1; k <= 4; k += 3) {
+        int32_t out[GEN] = {0}, props[GEN * 5];
+        memset(props, 0xff, sizeof props);
+        const long r0 = g_replays;
+        greedy(mg, head, NULL, k, out, props);
+        EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, chain graphs: speculative greedy != plain greedy", k);
+        EXPECT(!memcmp(props, props_host[k == 4], sizeof props), "k=%d: the graph chain's drafts differ from the eager "
+               "chain's", k);
+        EXPECT(g_replays - r0 >= GEN / (k + 1), "k=%d: %ld proposes replayed the chain graph", k, g_replays - r0);
+    }
+    g_graphs = false;
+    printf("chain draft loop as CUDA graphs (k = 1, 4): drafts identical to the eager chain, output == plain greedy: "
+           "%s\n", n_fail ? "NO" : "yes");
     model_destroy(mc), model_destroy(mg);
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
