@@ -28,6 +28,8 @@
  *    NaN and -inf planted, then mapped through d2t (int32 and int64).
  *  - cuBLASLt (opt-in, not batch invariant): see test_blaslt.
  *  - CUDA graphs: a decoder step captured and replayed = direct launches.
+ * KN_TEST_SMALL=1 (kn_harness.h, for tools/kn_emu): the 49152-row matmul
+ * shape gets 2053 rows, the 1024 x 4096 one 256 rows; nothing else changes.
  * Exits 77 without a usable GPU (kn_harness_require_gpu).
  */
 #include <cuda_runtime_api.h>
