@@ -60,11 +60,15 @@ template <int FMT> struct fmt_info {
 /* A 16-byte weight chunk, read once per token tile: not kept in L1, which
  * then holds the activation rows every warp of the SM re-reads. */
 __device__ __forceinline__ uint4 ld_stream16(const void *p) {
+#if defined(KN_EMU_DEVICE_HPP) /* tools/kn_emu only (never nvcc): a plain 16-byte load, alignment checked */
+    return kn_emu_ld_stream16(p);
+#else
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p));
     return r;
+#endif
 }
 
 /* Loads unit u of row wr for a lane (sub = lane % 4 for block formats). */

@@ -88,9 +88,13 @@ __device__ __forceinline__ cand warp_best(cand c) {
 
 /* bf16x2 d = a * b + c, one round-to-nearest-even per half (sm_80+). */
 __device__ __forceinline__ uint32_t bf2_fma(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(KN_EMU_DEVICE_HPP) /* tools/kn_emu only (never nvcc): the same instruction, one rounding per half */
+    return kn_emu_bf16x2_fma_rn(a, b, c);
+#else
     uint32_t d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+#endif
 }
 
 constexpr uint32_t BF2_MAGIC = 0x43004300u;   /* (128, 128) */
@@ -113,11 +117,15 @@ __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t s2, float v[8]
 
 /* 16 bytes of weights read once: not kept in L1 (which then holds the activations). */
 __device__ __forceinline__ uint4 ld_stream16(const void *p) {
+#if defined(KN_EMU_DEVICE_HPP) /* tools/kn_emu only (never nvcc): a plain 16-byte load, alignment checked */
+    return kn_emu_ld_stream16(p);
+#else
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
         : "l"(p));
     return r;
+#endif
 }
 
 __device__ __forceinline__ uint32_t scale_pair(const uint16_t *s, int g) {

@@ -30,6 +30,19 @@ static inline void kn_harness_require_gpu(void) {
     }
 }
 
+/* Reduced sizes, for tools/kn_emu (a CPU emulation that runs every CUDA
+ * thread as a fiber on one core, README there): KN_TEST_SMALL set to
+ * anything but "" or "0". Each test says what it shrinks; every check and
+ * code path stays, only rows / contexts / sample counts get smaller. Never
+ * set for a GPU run: the full sizes are the default. Prints a line when on. */
+static inline int kn_harness_small(void) {
+    static int said;
+    const char *s = getenv("KN_TEST_SMALL");
+    const int on = s && *s && strcmp(s, "0") != 0;
+    if (on && !said++) printf("KN_TEST_SMALL: reduced sizes (emulation mode; the GPU default is full size)\n");
+    return on;
+}
+
 /* Normalised mean squared error of got against the reference ref (n values). */
 static inline double kn_nmse(const float *got, const float *ref, size_t n) {
     double num = 0, den = 0;
@@ -64,7 +77,7 @@ __attribute__((unused)) static int kn_fails, kn_checks;
             kn_fails++;                                 \
             printf("FAIL %s:%d: ", __FILE__, __LINE__); \
             printf(__VA_ARGS__);                        \
-            printf("\\n");                               \
+            printf("\n");                               \
         }                                               \
     } while (0)
 

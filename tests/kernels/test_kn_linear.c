@@ -28,6 +28,8 @@
  *    NaN and -inf planted, then mapped through d2t (int32 and int64).
  *  - cuBLASLt (opt-in, not batch invariant): see test_blaslt.
  *  - CUDA graphs: a decoder step captured and replayed = direct launches.
+ * KN_TEST_SMALL=1 (kn_harness.h, for tools/kn_emu): the 49152-row matmul
+ * shape gets 2053 rows, the 1024 x 4096 one 256 rows; nothing else changes.
  * Exits 77 without a usable GPU (kn_harness_require_gpu).
  */
 #include <cuda_runtime_api.h>
@@ -230,14 +232,16 @@ static void test_matmul_case(kn_wtype t, int64_t rows, int64_t cols, size_t pad,
 }
 
 static void test_matmul(void) {
-    const struct { int64_t rows, cols; } shapes[] = {{576, 1536}, {1536, 576}, {49152, 576}, {1001, 96}, {3, 64}};
+    /* KN_TEST_SMALL: the LM-head shape gets 2053 rows instead of 49152, the k_proj one 256 instead of 1024 */
+    const int small = kn_harness_small();
+    const struct { int64_t rows, cols; } shapes[] = {{576, 1536}, {1536, 576}, {small ? 2053 : 49152, 576}, {1001, 96}, {3, 64}};
     for (int t = KN_W_F32; t <= KN_W_Q4_1; t++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_matmul_case((kn_wtype)t, shapes[s].rows, shapes[s].cols, 0, 0);
         /* padded rows (row_bytes > natural, even) and an odd row count */
         test_matmul_case((kn_wtype)t, 77, 256, t <= KN_W_F16 ? 16 : 6, 0);
         if (t == KN_W_BF16) { /* Llama-3.1-8B k_proj, and a 14336-long dot (down_proj rows) */
-            test_matmul_case((kn_wtype)t, 1024, 4096, 0, 0);
+            test_matmul_case((kn_wtype)t, small ? 256 : 1024, 4096, 0, 0);
             test_matmul_case((kn_wtype)t, 67, 14336, 0, 0);
         }
         if (t <= KN_W_F16) {

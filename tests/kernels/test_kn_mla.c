@@ -16,8 +16,9 @@
  * 47 splits of KN_MLA_SPLIT = 64; 188 blocks of 16), block tables shuffled
  * over the pool; latent rows and q of (seq, pos) are a hash of (seq, pos), so
  * whatever batch writes a slot writes the same values. Softmax scale 0.144680
- * (Kimi's). KN_MLA_TEST_SMALL=1 shrinks the contexts to 5, 70, 130, 200, 300
- * (for tools/kn_emu, which runs every CUDA thread as a fiber on one core).
+ * (Kimi's). KN_TEST_SMALL=1 (kn_harness.h; or KN_MLA_TEST_SMALL=1) shrinks the
+ * contexts to 5, 70, 130, 200, 300 (for tools/kn_emu, which runs every CUDA
+ * thread as a fiber on one core).
  *   1. fill: every (seq, pos) in shuffled order through both latent writes:
  *      the bf16 pools must be bitwise equal (the GPU's round-to-nearest-even
  *      == bk_f32_to_bf16 on ~7 M values, ties included).
@@ -473,8 +474,8 @@ int main(void) {
     test_refusals();
     if (kn_fails) return 1;
     kn_harness_require_gpu();
-    const char *sm = getenv("KN_MLA_TEST_SMALL");
-    const int small = sm && *sm && strcmp(sm, "0") != 0;
+    const char *sm = getenv("KN_MLA_TEST_SMALL"); /* the older name of KN_TEST_SMALL, still read */
+    const int small = kn_harness_small() || (sm && *sm && strcmp(sm, "0") != 0);
     const shape shapes[] = {
         {"kimi tp8 8 x (512 + 64)", 8, 512, 64, 64},
         {"deepseek tp8 16 x (512 + 64)", 16, 512, 64, 64},

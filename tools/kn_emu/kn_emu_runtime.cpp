@@ -4,6 +4,7 @@
  * a six-register context switch, no signals, no syscalls per switch.
  */
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +23,8 @@ extern "C" int kn_probe(int dev, char *why, size_t why_len);
 extern "C" const char *kn_strerror(int code);
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
-float kn_emu_shfl_f[1024];
+unsigned char kn_emu_shfl_buf[2][1024][16];
+uint64_t kn_emu_shfl_seq[1024];
 int kn_emu_sync_or;
 
 uint64_t kn_emu_globaltimer() {
@@ -34,7 +36,7 @@ void kn_emu_spin_pause() { sched_yield(); }
 
 /* A graph: the launches recorded while its stream was capturing. */
 struct kn_emu_graph {
-    struct Launch { dim3 grid, block; std::function<void()> body; };
+    struct Launch { dim3 grid, block; size_t smem; std::function<void()> body; };
     std::vector<Launch> launches;
 };
 static kn_emu_graph *g_capture; /* non-NULL while a stream captures */
@@ -68,6 +70,7 @@ enum State { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 struct Fiber {
     void *sp;
     State st;
+    int kind; /* WAIT_WARP: the warp operation (KN_EMU_WARP_*) */
     char *stack;
 };
 constexpr size_t kStack = 256 * 1024;
@@ -75,6 +78,15 @@ std::vector<Fiber> g_f;
 void *g_sched_sp;
 int g_cur;
 const std::function<void()> *g_body;
+struct Warp {
+    int live, wait, kind; /* live lanes, lanes at a warp operation, its kind */
+};
+Warp g_w[32];
+/* dynamic shared memory of the running launch */
+unsigned char *g_dyn;
+size_t g_dyn_cap, g_dyn_n;
+/* the first launch error since the last cudaGetLastError (sticky like CUDA's launch errors until read) */
+cudaError_t g_last_error = cudaSuccess;
 
 void fiber_entry() {
     (*g_body)();
@@ -83,26 +95,64 @@ void fiber_entry() {
     abort();
 }
 
-void yield(State s) {
+void yield(State s, int kind) {
     g_f[g_cur].st = s;
+    g_f[g_cur].kind = kind;
     kn_emu_switch(&g_f[g_cur].sp, g_sched_sp);
+}
+
+void launch_error(cudaError_t e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kn_emu: launch refused (CUDA would return error %d): ", (int)e);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (g_last_error == cudaSuccess) g_last_error = e;
 }
 }  // namespace
 
-void kn_emu_syncthreads() { yield(WAIT_BLOCK); }
-void kn_emu_syncwarp() { yield(WAIT_WARP); }
+void kn_emu_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kn_emu: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    abort();
+}
 
-void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
-    if (g_capture) {
-        g_capture->launches.push_back(kn_emu_graph::Launch{grid, block, body});
+void kn_emu_syncthreads() { yield(WAIT_BLOCK, 0); }
+void kn_emu_syncwarp(int kind) { yield(WAIT_WARP, kind); }
+void *kn_emu_dyn_smem() { return g_dyn; }
+
+void kn_emu_run(dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()> &body) {
+    /* CUDA's launch limits (sm_90): refused launches set the error cudaGetLastError returns */
+    const unsigned long long ntl = (unsigned long long)block.x * block.y * block.z;
+    if (ntl == 0 || ntl > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+        grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+        launch_error((cudaError_t)9 /* cudaErrorInvalidConfiguration */, "grid %ux%ux%u, block %ux%ux%u", grid.x,
+                     grid.y, grid.z, block.x, block.y, block.z);
         return;
     }
-    const int nt = (int)(block.x * block.y * block.z);
-    if (nt > 1024 || block.y != 1 || block.z != 1) {
-        fprintf(stderr, "kn_emu: block %ux%ux%u unsupported\n", block.x, block.y, block.z);
-        abort();
+    if (dyn_smem > 48 * 1024) { /* more needs cudaFuncSetAttribute(MaxDynamicSharedMemorySize), not emulated */
+        launch_error((cudaError_t)9, "dynamic shared memory %zu bytes > 48 KiB", dyn_smem);
+        return;
     }
-    while ((int)g_f.size() < nt) g_f.push_back(Fiber{nullptr, DONE, (char *)malloc(kStack)});
+    if (g_capture) {
+        g_capture->launches.push_back(kn_emu_graph::Launch{grid, block, dyn_smem, body});
+        return;
+    }
+    const int nt = (int)ntl;
+    if (block.y != 1 || block.z != 1) kn_emu_fail("block %ux%ux%u: only 1-D blocks are emulated", block.x, block.y,
+                                                  block.z);
+    while ((int)g_f.size() < nt) g_f.push_back(Fiber{nullptr, DONE, 0, (char *)malloc(kStack)});
+    if (dyn_smem > g_dyn_cap) {
+        free(g_dyn);
+        g_dyn = (unsigned char *)aligned_alloc(16, (dyn_smem + 15) & ~(size_t)15);
+        g_dyn_cap = dyn_smem;
+    }
+    g_dyn_n = dyn_smem;
     g_body = &body;
     blockDim = block;
     gridDim = grid;
@@ -110,11 +160,13 @@ void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
      * KN_EMU_ORDER=forward, so a result that needs an order shows up */
     const char *ord = getenv("KN_EMU_ORDER");
     const bool fwd = ord && strcmp(ord, "forward") == 0;
-    const unsigned nb = grid.x * grid.y * grid.z;
-    for (unsigned k = 0; k < nb; k++) {
-        const unsigned lin = fwd ? k : nb - 1 - k;
-        const unsigned bx = lin % grid.x, by = lin / grid.x % grid.y, bz = lin / (grid.x * grid.y);
+    const unsigned long long nb = (unsigned long long)grid.x * grid.y * grid.z;
+    for (unsigned long long k = 0; k < nb; k++) {
+        const unsigned long long lin = fwd ? k : nb - 1 - k;
+        const unsigned bx = (unsigned)(lin % grid.x), by = (unsigned)(lin / grid.x % grid.y),
+                       bz = (unsigned)(lin / ((unsigned long long)grid.x * grid.y));
         blockIdx = dim3(bx, by, bz);
+        if (g_dyn_n) memset(g_dyn, 0xA5, g_dyn_n); /* shared memory starts as garbage in every block */
         for (int t = 0; t < nt; t++) {
             void **sp = (void **)(((uintptr_t)(g_f[t].stack + kStack)) & ~(uintptr_t)15);
             *--sp = nullptr;                /* fake return address: entry sees rsp % 16 == 8 */
@@ -122,8 +174,13 @@ void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
             for (int r = 0; r < 6; r++) *--sp = nullptr; /* rbp rbx r12-r15 */
             g_f[t].sp = sp;
             g_f[t].st = RUN;
+            kn_emu_shfl_seq[t] = 0;
         }
-        for (;;) {
+        /* counters, updated as fibers come back: live threads, threads at __syncthreads, per warp its
+         * live lanes and the lanes at a warp operation (and which kind) */
+        int live = nt, at_block = 0;
+        for (int w = 0; w * 32 < nt; w++) g_w[w] = Warp{nt - w * 32 < 32 ? nt - w * 32 : 32, 0, 0};
+        while (live > 0) {
             bool ran = false;
             for (int t = 0; t < nt; t++) {
                 if (g_f[t].st != RUN) continue;
@@ -131,29 +188,33 @@ void kn_emu_run(dim3 grid, dim3 block, const std::function<void()> &body) {
                 threadIdx = dim3((unsigned)t);
                 kn_emu_switch(&g_sched_sp, g_f[t].sp);
                 ran = true;
-            }
-            int live = 0, at_block = 0;
-            for (int t = 0; t < nt; t++) live += g_f[t].st != DONE, at_block += g_f[t].st == WAIT_BLOCK;
-            if (live == 0) break;
-            bool released = false;
-            if (at_block == live) {
-                for (int t = 0; t < nt; t++)
-                    if (g_f[t].st == WAIT_BLOCK) g_f[t].st = RUN;
-                released = true;
-            }
-            for (int w = 0; w * 32 < nt; w++) {
-                int wl = 0, ww = 0;
-                for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
-                    wl += g_f[t].st != DONE, ww += g_f[t].st == WAIT_WARP;
-                if (ww > 0 && ww == wl) {
-                    for (int t = w * 32; t < w * 32 + 32 && t < nt; t++)
-                        if (g_f[t].st == WAIT_WARP) g_f[t].st = RUN;
-                    released = true;
+                Warp &w = g_w[t >> 5];
+                if (g_f[t].st == DONE) {
+                    live--, w.live--;
+                } else if (g_f[t].st == WAIT_BLOCK) {
+                    at_block++;
+                } else if (g_f[t].st == WAIT_WARP) {
+                    if (w.wait == 0) w.kind = g_f[t].kind;
+                    else if (w.kind != g_f[t].kind)
+                        kn_emu_fail("divergent warp operations in block (%u,%u,%u), warp %d: kinds %d and %d (1 "
+                                    "__syncwarp, 2 shuffle, 3 mma)", bx, by, bz, t >> 5, w.kind, g_f[t].kind);
+                    w.wait++;
+                }
+                if (w.wait > 0 && w.wait == w.live) { /* every live lane of the warp is there */
+                    const int w0 = t & ~31, w1 = w0 + 32 < nt ? w0 + 32 : nt;
+                    for (int u = w0; u < w1; u++)
+                        if (g_f[u].st == WAIT_WARP) g_f[u].st = RUN;
+                    w.wait = 0;
+                }
+                if (at_block > 0 && at_block == live) { /* every live thread of the block is there */
+                    for (int u = 0; u < nt; u++)
+                        if (g_f[u].st == WAIT_BLOCK) g_f[u].st = RUN;
+                    at_block = 0;
                 }
             }
-            if (!ran && !released) {
-                fprintf(stderr, "kn_emu: deadlock / divergent barrier in block (%u,%u): %d live, %d at "
-                                "__syncthreads\n", bx, by, live, at_block);
+            if (!ran && live > 0) {
+                fprintf(stderr, "kn_emu: deadlock / divergent barrier in block (%u,%u,%u): %d live, %d at "
+                                "__syncthreads, the others at warp operations\n", bx, by, bz, live, at_block);
                 abort();
             }
         }
@@ -248,6 +309,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *bus) {
 }
 cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) { *can = 1; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
@@ -266,7 +328,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
     return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
-    for (const kn_emu_graph::Launch &l : e->launches) kn_emu_run(l.grid, l.block, l.body);
+    for (const kn_emu_graph::Launch &l : e->launches) kn_emu_run(l.grid, l.block, l.smem, l.body);
     return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
@@ -278,7 +340,12 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind) {
 }
 cudaError_t cudaMemset(void *d, int v, size_t n) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+    const cudaError_t e = g_last_error;
+    g_last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
 int kn_probe(int, char *why, size_t n) { if (why && n) why[0] = 0; return 0; }
 const char *kn_strerror(int code) {
     static char b[64];

@@ -13,9 +13,14 @@ typedef enum cudaError {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
     cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorSharedObjectSymbolNotFound = 302,
+    cudaErrorSharedObjectInitFailed = 303,
     cudaErrorNotReady = 600,
+    cudaErrorNotSupported = 801,
     cudaErrorUnknown = 999,
 } cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
@@ -49,6 +54,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 cudaError_t cudaMemset(void *dst, int value, size_t n);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev);
@@ -62,6 +68,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
 cudaError_t cudaIpcCloseMemHandle(void *p);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
