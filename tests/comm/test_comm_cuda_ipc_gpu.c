@@ -392,7 +392,10 @@ static int rank_mismatch(comm *c, char *msg, size_t msg_len) {
         double ms = now_ms() - t0;
         if (rc) {
             snprintf(msg, msg_len, "after %.0f ms: %.400s", ms, e.msg);
-            ok = it == 5 && strstr(e.msg, "collective mismatch") != NULL && ms < 2000;
+            /* the mismatch is seen at generation 5; a rank other than the mismatching one may still be
+             * waiting for its generation-4 sync when a peer raises the group abort (asynchronous by design),
+             * and then fails there, with the same reason */
+            ok = (it == 5 || (it == 4 && rank != 1)) && strstr(e.msg, "collective mismatch") != NULL && ms < 2000;
             break;
         }
         if (it == 5) snprintf(msg, msg_len, "mismatched all_reduce succeeded");
