@@ -67,16 +67,6 @@
 #include "engine/model/model.h"
 #include "tests/kernels/kn_harness.h"
 
-static int n_fail = 0;
-#define EXPECT(cond, ...)                                   \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);     \
-            printf(__VA_ARGS__);                            \
-            printf("\n");                                   \
-            n_fail++;                                       \
-        }                                                   \
-    } while (0)
 
 #define TMAX 128
 static const int32_t TS[] = {1, 2, 3, 4, 5, 8, 16, 33, 128};
@@ -130,8 +120,8 @@ static void check(int slot, const char *op, int32_t T, const float *g, const flo
                   double bound) {
     double e = kn_nmse(g, c, (size_t)T * n);
     if (e > worst[slot]) worst[slot] = e;
-    EXPECT(e <= bound, "%s T=%d: NMSE %.3g > %.0e", op, T, e, bound);
-    if (g128) EXPECT(!memcmp(g, g128, sizeof(float) * (size_t)T * n), "%s T=%d: rows differ from the T=128 call", op, T);
+    KN_EXPECT(e <= bound, "%s T=%d: NMSE %.3g > %.0e", op, T, e, bound);
+    if (g128) KN_EXPECT(!memcmp(g, g128, sizeof(float) * (size_t)T * n), "%s T=%d: rows differ from the T=128 call", op, T);
 }
 
 /* ------------------------------------------------------------------- weights */
@@ -218,8 +208,8 @@ static void test_ops(void) {
             static wset ws[6];
             if (ref) make_weight((bk_wtype)ty, &ws[ty]);
             bk_tensor hx = bk_wrap_f32(x, T, WC), hy = bk_wrap_f32(c, T, WR), dx = dten(x, T, WC), dy = dten(NULL, T, WR);
-            EXPECT(C->matmul(cpu->ctx, &ws[ty].host, &hx, &hy) == 0, "cpu matmul");
-            EXPECT(G->matmul(gpu->ctx, &ws[ty].dev, &dx, &dy) == 0, "gpu matmul type %d", ty);
+            KN_EXPECT(C->matmul(cpu->ctx, &ws[ty].host, &hx, &hy) == 0, "cpu matmul");
+            KN_EXPECT(G->matmul(gpu->ctx, &ws[ty].dev, &dx, &dy) == 0, "gpu matmul type %d", ty);
             down(g, &dy);
             char nm[32];
             snprintf(nm, sizeof nm, "matmul/type%d", ty);
@@ -228,8 +218,8 @@ static void test_ops(void) {
             /* embed with the same weight: ids in range */
             for (int t = 0; t < T; t++) ids[t] = (int32_t)(rnd() % WR);
             bk_tensor hid = bk_wrap_i32(ids, T, 1), did = dten_i32(ids, T), he = bk_wrap_f32(c, T, WC), de = dten(NULL, T, WC);
-            EXPECT(C->embed(cpu->ctx, &ws[ty].host, &hid, ids, &he) == 0, "cpu embed");
-            EXPECT(G->embed(gpu->ctx, &ws[ty].dev, &did, ids, &de) == 0, "gpu embed");
+            KN_EXPECT(C->embed(cpu->ctx, &ws[ty].host, &hid, ids, &he) == 0, "cpu embed");
+            KN_EXPECT(G->embed(gpu->ctx, &ws[ty].dev, &did, ids, &de) == 0, "gpu embed");
             down(g, &de);
             snprintf(nm, sizeof nm, "embed/type%d", ty);
             check(slot, nm, T, g, c, NULL, WC, 0.0);
@@ -240,7 +230,7 @@ static void test_ops(void) {
         {
             bk_tensor dx = dten(x, T, H), dout = dten(NULL, T, H), hx = bk_wrap_f32(x, T, H), ho = bk_wrap_f32(c, T, H);
             C->rmsnorm(cpu->ctx, &hx, &hg, 1e-5f, &ho);
-            EXPECT(G->rmsnorm(gpu->ctx, &dx, &dg, 1e-5f, &dout) == 0, "gpu rmsnorm");
+            KN_EXPECT(G->rmsnorm(gpu->ctx, &dx, &dg, 1e-5f, &dout) == 0, "gpu rmsnorm");
             down(g, &dout);
             check(slot, "rmsnorm", T, g, c, REF(H), H, 1e-10);
             NEXT(H);
@@ -251,7 +241,7 @@ static void test_ops(void) {
                 bk_tensor hxx = bk_wrap_f32(tmp, T, H), hr = bk_wrap_f32(cr, T, H), hout = bk_wrap_f32(alias ? cr : c, T, H);
                 bk_tensor gx = dten(x, T, H), gr = dten(r, T, H), gout = alias ? gr : dten(NULL, T, H);
                 C->add_rmsnorm(cpu->ctx, &hxx, &hr, &hg, 1e-5f, &hout);
-                EXPECT(G->add_rmsnorm(gpu->ctx, &gx, &gr, &dg, 1e-5f, &gout) == 0, "gpu add_rmsnorm alias %d", alias);
+                KN_EXPECT(G->add_rmsnorm(gpu->ctx, &gx, &gr, &dg, 1e-5f, &gout) == 0, "gpu add_rmsnorm alias %d", alias);
                 down(g, &gout);
                 check(slot, alias ? "add_rmsnorm(out=r)" : "add_rmsnorm", T, g, alias ? cr : c, REF(H), H, 1e-10);
                 NEXT(H);
@@ -270,19 +260,19 @@ static void test_ops(void) {
             memcpy(c, x, sizeof(float) * T * n);
             bk_tensor ha = bk_wrap_f32(c, T, n), hbb = bk_wrap_f32(r, T, n);
             C->silu_mul(cpu->ctx, &ha, &hbb, &ha);
-            EXPECT(G->silu_mul(gpu->ctx, &ga, &gb, &ga) == 0, "gpu silu_mul");
+            KN_EXPECT(G->silu_mul(gpu->ctx, &ga, &gb, &ga) == 0, "gpu silu_mul");
             down(g, &ga);
             check(slot, "silu_mul", T, g, c, REF(n), n, 1e-10);
             NEXT(n);
             C->add(cpu->ctx, &ha, &hbb);
-            EXPECT(G->add(gpu->ctx, &ga, &gb) == 0, "gpu add");
+            KN_EXPECT(G->add(gpu->ctx, &ga, &gb) == 0, "gpu add");
             down(g, &ga);
             check(slot, "silu_mul+add", T, g, c, REF(n), n, 1e-10);
             NEXT(n);
             bk_tensor hy = bk_wrap_f32(c, T, H), gy = dten(x, T, H);
             memcpy(c, x, sizeof(float) * T * H);
             C->add_bias(cpu->ctx, &hy, &hb);
-            EXPECT(G->add_bias(gpu->ctx, &gy, &db) == 0, "gpu add_bias");
+            KN_EXPECT(G->add_bias(gpu->ctx, &gy, &db) == 0, "gpu add_bias");
             down(g, &gy);
             check(slot, "add_bias", T, g, c, REF(H), H, 0.0);
             NEXT(H);
@@ -290,7 +280,7 @@ static void test_ops(void) {
             bk_tensor hd = bk_wrap_f32(c, T, H), gd = dten(x, T, H), hs = bk_wrap_f32(r, T, 64), gs = dten(r, T, 64);
             memcpy(c, x, sizeof(float) * T * H);
             C->copy_cols(cpu->ctx, &hd, 96, &hs);
-            EXPECT(G->copy_cols(gpu->ctx, &gd, 96, &gs) == 0, "gpu copy_cols");
+            KN_EXPECT(G->copy_cols(gpu->ctx, &gd, 96, &gs) == 0, "gpu copy_cols");
             down(g, &gd);
             check(slot, "copy_cols", T, g, c, NULL, H, 0.0);
             slot++;
@@ -299,7 +289,7 @@ static void test_ops(void) {
             for (int t = 0; t < T; t++) ids[t] = (int32_t)(rnd() % TMAX);
             bk_tensor hidx = bk_wrap_i32(ids, T, 1), gidx = dten_i32(ids, T), hdst = bk_wrap_f32(c, T, H), gdst = dten(NULL, T, H);
             C->gather_rows(cpu->ctx, &hsrc, &hidx, &hdst);
-            EXPECT(G->gather_rows(gpu->ctx, &src, &gidx, &gdst) == 0, "gpu gather_rows");
+            KN_EXPECT(G->gather_rows(gpu->ctx, &src, &gidx, &gdst) == 0, "gpu gather_rows");
             down(g, &gdst);
             check(slot, "gather_rows", T, g, c, NULL, H, 0.0);
             slot++;
@@ -314,8 +304,8 @@ static void test_ops(void) {
                 for (int a = 0; a < T; a++) for (int b2 = 0; b2 < T; b2++) mask[a * T + b2] = (uint8_t)(b2 == a || (rnd() & 1));
             }
             bk_attn_meta hm = {T, pos, seq, (const int32_t *const *)bt, 4, mask, NULL}, gm = hm;
-            EXPECT(C->meta_upload(cpu->ctx, &hm) == 0, "cpu meta");
-            EXPECT(G->meta_upload(gpu->ctx, &gm) == 0 && gm.dev, "gpu meta_upload");
+            KN_EXPECT(C->meta_upload(cpu->ctx, &hm) == 0, "cpu meta");
+            KN_EXPECT(G->meta_upload(gpu->ctx, &gm) == 0 && gm.dev, "gpu meta_upload");
             const int qd = NH * HD, kvd = NKV * HD;
             float *q = malloc(sizeof(float) * T * qd), *k = malloc(sizeof(float) * T * kvd), *v = malloc(sizeof(float) * T * kvd);
             memcpy(q, x, sizeof(float) * T * qd);
@@ -326,24 +316,24 @@ static void test_ops(void) {
             const bool neox = masked == 0;
             C->rope(cpu->ctx, &hq, NH, HD, HD, &hm, &hinv, 1.0f, neox);
             C->rope(cpu->ctx, &hk, NKV, HD, HD, &hm, &hinv, 1.0f, neox);
-            EXPECT(G->rope(gpu->ctx, &gq, NH, HD, HD, &gm, &dinv, 1.0f, neox) == 0, "gpu rope q");
-            EXPECT(G->rope(gpu->ctx, &gk, NKV, HD, HD, &gm, &dinv, 1.0f, neox) == 0, "gpu rope k");
+            KN_EXPECT(G->rope(gpu->ctx, &gq, NH, HD, HD, &gm, &dinv, 1.0f, neox) == 0, "gpu rope q");
+            KN_EXPECT(G->rope(gpu->ctx, &gk, NKV, HD, HD, &gm, &dinv, 1.0f, neox) == 0, "gpu rope k");
             down(g, &gq);
             check(slot, neox ? "rope(neox) q" : "rope(pairs) q", T, g, q, masked ? NULL : REF(qd), qd, 1e-10);
             if (!masked) NEXT(qd); else slot++;
             /* kv_write into copies of the same random pool */
             memcpy(kvc, kv0, sizeof(float) * pool * 2);
-            EXPECT(G->upload(gpu->ctx, dkv, kv0, sizeof(float) * pool * 2) == 0, "upload pool");
+            KN_EXPECT(G->upload(gpu->ctx, dkv, kv0, sizeof(float) * pool * 2) == 0, "upload pool");
             bk_kv_layer hl = {kvc, kvc + pool, BS, NKV, HD, NB, NULL, NULL}, gl = {dkv, dkv + pool, BS, NKV, HD, NB, NULL, NULL};
             C->kv_write(cpu->ctx, &hl, &hm, &hk, &hv);
-            EXPECT(G->kv_write(gpu->ctx, &gl, &gm, &gk, &gv) == 0, "gpu kv_write");
-            EXPECT(G->download(gpu->ctx, kvg, dkv, sizeof(float) * pool * 2) == 0, "download pool");
+            KN_EXPECT(G->kv_write(gpu->ctx, &gl, &gm, &gk, &gv) == 0, "gpu kv_write");
+            KN_EXPECT(G->download(gpu->ctx, kvg, dkv, sizeof(float) * pool * 2) == 0, "download pool");
             /* k went through rope on both sides with a 1e-10 bound, so compare the pool with the same bound */
             double e = kn_nmse(kvg, kvc, pool * 2);
-            EXPECT(e <= 1e-10, "kv_write T=%d: pool NMSE %.3g", T, e);
+            KN_EXPECT(e <= 1e-10, "kv_write T=%d: pool NMSE %.3g", T, e);
             /* attention on each side's own pool */
             C->attention(cpu->ctx, &hl, &hm, &hq, NH, 0.125f, &ho);
-            EXPECT(G->attention(gpu->ctx, &gl, &gm, &gq, NH, 0.125f, &go) == 0, "gpu attention");
+            KN_EXPECT(G->attention(gpu->ctx, &gl, &gm, &gq, NH, 0.125f, &go) == 0, "gpu attention");
             down(g, &go);
             check(slot, masked ? "attention(tree mask)" : "attention", T, g, c, masked ? NULL : REF(qd), qd, 1e-8);
             if (!masked) NEXT(qd); else slot++;
@@ -365,14 +355,14 @@ static void test_ops(void) {
         make_weight(BK_W_F32, &w);
         int32_t bad[2] = {3, WR};
         bk_tensor did = dten_i32(bad, 2), de = dten(NULL, 2, WC);
-        EXPECT(G->embed(gpu->ctx, &w.dev, &did, bad, &de) == -1, "embed with id %d of %d rows must fail (host check)", WR, WR);
+        KN_EXPECT(G->embed(gpu->ctx, &w.dev, &did, bad, &de) == -1, "embed with id %d of %d rows must fail (host check)", WR, WR);
         bk_tensor src = dten(x, 4, H), gidx = dten_i32(bad, 2), gdst = dten(NULL, 2, H);
-        EXPECT(G->gather_rows(gpu->ctx, &src, &gidx, &gdst) == 0, "gather_rows launch");
-        EXPECT(G->download(gpu->ctx, g, gdst.data, bk_nbytes(&gdst)) == -1, "a device-side bad index must fail the download");
-        EXPECT(G->download(gpu->ctx, g, gdst.data, 4) == 0, "the flag is cleared after it was reported");
+        KN_EXPECT(G->gather_rows(gpu->ctx, &src, &gidx, &gdst) == 0, "gather_rows launch");
+        KN_EXPECT(G->download(gpu->ctx, g, gdst.data, bk_nbytes(&gdst)) == -1, "a device-side bad index must fail the download");
+        KN_EXPECT(G->download(gpu->ctx, g, gdst.data, 4) == 0, "the flag is cleared after it was reported");
         int32_t p1[TMAX + 1] = {0}, s1[TMAX + 1] = {0};
         bk_attn_meta big = {TMAX + 1, p1, s1, (const int32_t *const *)bt, 1, NULL, NULL};
-        EXPECT(G->meta_upload(gpu->ctx, &big) == -1, "a step above max_tokens must be refused");
+        KN_EXPECT(G->meta_upload(gpu->ctx, &big) == -1, "a step above max_tokens must be refused");
         free(w.buf);
     }
     free(x), free(r), free(c), free(g), free(g128), free(tmp), free(kv0), free(kvc), free(kvg);
@@ -404,7 +394,7 @@ static void test_model(const char *dir) {
     model_load_opts mo = {.block_size = 16, .n_blocks = 8};
     run rc = {.be = cpu}, rg = {.be = gpu};
     if (model_load(dir, cpu, &mo, &rc.m, &err) < 0 || model_load(dir, gpu, &mo, &rg.m, &err) < 0) {
-        EXPECT(0, "%s: load: %s", dir, err.msg);
+        KN_EXPECT(0, "%s: load: %s", dir, err.msg);
         model_destroy(rc.m);
         return;
     }
@@ -415,7 +405,7 @@ static void test_model(const char *dir) {
     int32_t prompt[20];
     for (int i = 0; i < 20; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
     if (step(&rc, prompt, 20, 0, lc, &err) < 0 || step(&rg, prompt, 20, 0, lg, &err) < 0) {
-        EXPECT(0, "%s: prefill: %s", dir, err.msg);
+        KN_EXPECT(0, "%s: prefill: %s", dir, err.msg);
         goto out;
     }
     double mx = 0, md = 0;
@@ -431,9 +421,9 @@ static void test_model(const char *dir) {
         lc[tc[k]] = -INFINITY, lg[tg[k]] = -INFINITY;
     }
     for (int k = 0; k < 5; k++) lc[tc[k]] = vc[k], lg[tg[k]] = vg[k];
-    EXPECT(!memcmp(tc, tg, sizeof tc), "%s: top-5 differ (cpu %d %d %d %d %d, gpu %d %d %d %d %d)", dir, tc[0], tc[1],
+    KN_EXPECT(!memcmp(tc, tg, sizeof tc), "%s: top-5 differ (cpu %d %d %d %d %d, gpu %d %d %d %d %d)", dir, tc[0], tc[1],
            tc[2], tc[3], tc[4], tg[0], tg[1], tg[2], tg[3], tg[4]);
-    EXPECT(md <= 1e-3 * mx, "%s: max|logit diff| %.3g > 1e-3 x max|logit| %.3g", dir, md, mx);
+    KN_EXPECT(md <= 1e-3 * mx, "%s: max|logit diff| %.3g > 1e-3 x max|logit| %.3g", dir, md, mx);
     int32_t c_tok = tc[0], g_tok = tg[0], diverged = -1;
     for (int i = 0; i < 32; i++) {
         if (c_tok != g_tok && diverged < 0) {
@@ -442,13 +432,13 @@ static void test_model(const char *dir) {
                    i, c_tok, lc[c_tok], g_tok, lc[g_tok]);
         }
         if (step(&rc, &c_tok, 1, 20 + i, lc, &err) < 0 || step(&rg, &g_tok, 1, 20 + i, lg, &err) < 0) {
-            EXPECT(0, "%s: decode %d: %s", dir, i, err.msg);
+            KN_EXPECT(0, "%s: decode %d: %s", dir, i, err.msg);
             goto out;
         }
         c_tok = argmax(lc, V), g_tok = argmax(lg, V);
     }
     if (c_tok != g_tok && diverged < 0) diverged = 32;
-    EXPECT(diverged < 0, "%s: greedy continuation diverges at token %d", dir, diverged);
+    KN_EXPECT(diverged < 0, "%s: greedy continuation diverges at token %d", dir, diverged);
     printf("%s: prompt logits max|diff| %.3g (max|logit| %.3g, ratio %.2g), top-5 %s, greedy 32 tokens %s\n", dir, md,
            mx, md / mx, memcmp(tc, tg, sizeof tc) ? "DIFFER" : "identical", diverged < 0 ? "identical" : "DIFFER");
 out:
@@ -466,7 +456,7 @@ int main(void) {
     bk_cuda_opts tiny = {.device = 0, .arena_bytes = 4096, .max_tokens = 128, .max_seqs = 8, .max_len = 4096,
                          .block_size = 16, .max_heads = 8, .max_head_dim = 64};
     backend *t = bk_cuda_create(&tiny, &err);
-    EXPECT(!t && strstr(err.msg, "arena"), "a 4 KiB arena must be refused naming it (got %s)", err.msg);
+    KN_EXPECT(!t && strstr(err.msg, "arena"), "a 4 KiB arena must be refused naming it (got %s)", err.msg);
     bk_cuda_destroy(t);
     const char *mb = getenv("SPECD_CUDA_TEST_ARENA_MB"); /* default 2 GiB (the twin's 270 MB + KV + workspace) */
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)(mb && atoi(mb) > 0 ? atoi(mb) : 2048) << 20, .max_tokens = TMAX, .max_seqs = 8,
@@ -505,10 +495,10 @@ int main(void) {
         model_load_opts mo = {.block_size = EG_BS, .n_blocks = 64};
         model *mc = NULL, *md = NULL;
         if (model_load(path, cpu, &mo, &mc, &err) || model_load(path, gpu, &mo, &md, &err)) {
-            EXPECT(0, "%s: %s", path, err.msg);
+            KN_EXPECT(0, "%s: %s", path, err.msg);
         } else {
             eg_scenarios(mc, md, gpu);
-            n_fail += eg_fail;
+            kn_fails += eg_fail;
         }
         model_destroy(mc), model_destroy(md);
     } else {
@@ -516,7 +506,7 @@ int main(void) {
     }
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
-    if (n_fail) printf("FAILED: %d checks\n", n_fail);
+    if (kn_fails) printf("FAILED: %d checks\n", kn_fails);
     else printf("OK\n");
-    return n_fail ? 1 : 0;
+    return kn_fails ? 1 : 0;
 }

@@ -64,8 +64,6 @@ extern int fake_violations;
 #define NSEQ 3
 #define NBLK 40
 
-static int n_fail;
-#define EXPECT(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); n_fail++; } } while (0)
 
 static backend *cpu, *dev;
 static uint64_t g_s = 19;
@@ -90,10 +88,10 @@ static bk_tensor dup(const float *h, int64_t r, int64_t c) {
 
 static void check_plane(const planes *p, const char *what, const shape *s) {
     uint16_t *g = malloc(p->n * 2);
-    EXPECT(g && dev->ops->download(dev->ctx, g, p->d, p->n * 2) == 0, "%s %s: download", s->name, what);
+    KN_EXPECT(g && dev->ops->download(dev->ctx, g, p->d, p->n * 2) == 0, "%s %s: download", s->name, what);
     size_t bad = 0;
     for (size_t i = 0; g && i < p->n; i++) bad += g[i] != p->h[i];
-    EXPECT(g && bad == 0, "%s %s: %zu of %zu latent values differ from the CPU's", s->name, what, bad, p->n);
+    KN_EXPECT(g && bad == 0, "%s %s: %zu of %zu latent values differ from the CPU's", s->name, what, bad, p->n);
     free(g);
 }
 
@@ -107,35 +105,35 @@ static void run(const shape *s, planes *p, const char *what, int32_t T, const in
     for (size_t i = 0; i < (size_t)T * s->nh * D; i++) q[i] = frand() * 0.5f;
     bk_attn_meta hm = {T, pos, seq, bts, NSEQ, mask, NULL}, dm = hm;
     bk_tensor hl = bk_wrap_f32(lat, T, D), dl = dup(lat, T, D);
-    EXPECT(cpu->ops->mla_latent_write(cpu->ctx, &p->hk, &hm, &hl, s->kvl) == 0, "%s %s: CPU write", s->name, what);
-    EXPECT(dev->ops->meta_upload(dev->ctx, &dm) == 0, "%s %s: meta_upload", s->name, what);
-    EXPECT(dev->ops->mla_latent_write(dev->ctx, &p->dk, &dm, &dl, s->kvl) == 0, "%s %s: device write", s->name, what);
+    KN_EXPECT(cpu->ops->mla_latent_write(cpu->ctx, &p->hk, &hm, &hl, s->kvl) == 0, "%s %s: CPU write", s->name, what);
+    KN_EXPECT(dev->ops->meta_upload(dev->ctx, &dm) == 0, "%s %s: meta_upload", s->name, what);
+    KN_EXPECT(dev->ops->mla_latent_write(dev->ctx, &p->dk, &dm, &dl, s->kvl) == 0, "%s %s: device write", s->name, what);
     if (attend) {
         bk_tensor hq = bk_wrap_f32(q, T, (int64_t)s->nh * D), ho = bk_wrap_f32(oc, T, (int64_t)s->nh * s->kvl);
         bk_tensor dq = dup(q, T, (int64_t)s->nh * D), dout = {0};
         bk_tensor_alloc(dev, BK_F32, T, (int64_t)s->nh * s->kvl, &dout);
         const float scale = 1.0f / sqrtf((float)(128 + s->r));
-        EXPECT(cpu->ops->mla_attention(cpu->ctx, &p->hk, &hm, &hq, s->nh, s->kvl, scale, &ho) == 0, "%s %s: CPU mla",
+        KN_EXPECT(cpu->ops->mla_attention(cpu->ctx, &p->hk, &hm, &hq, s->nh, s->kvl, scale, &ho) == 0, "%s %s: CPU mla",
                s->name, what);
-        EXPECT(dev->ops->mla_attention(dev->ctx, &p->dk, &dm, &dq, s->nh, s->kvl, scale, &dout) == 0,
+        KN_EXPECT(dev->ops->mla_attention(dev->ctx, &p->dk, &dm, &dq, s->nh, s->kvl, scale, &dout) == 0,
                "%s %s: device mla", s->name, what);
         /* refusals: an f32 plane; kv_lora_rank = the whole latent (no rope part) */
         bk_kv_layer f32k = p->dk;
         f32k.k = f32k.v = (float *)(void *)p->d, f32k.k16 = f32k.v16 = NULL;
-        EXPECT(dev->ops->mla_attention(dev->ctx, &f32k, &dm, &dq, s->nh, s->kvl, scale, &dout) == -1,
+        KN_EXPECT(dev->ops->mla_attention(dev->ctx, &f32k, &dm, &dq, s->nh, s->kvl, scale, &dout) == -1,
                "%s: an f32 plane must be refused", s->name);
-        EXPECT(dev->ops->mla_attention(dev->ctx, &p->dk, &dm, &dq, s->nh, D, scale, &dout) == -1,
+        KN_EXPECT(dev->ops->mla_attention(dev->ctx, &p->dk, &dm, &dq, s->nh, D, scale, &dout) == -1,
                "%s: kv_lora_rank = latent width must be refused", s->name);
         const size_t n = (size_t)T * s->nh * s->kvl;
-        EXPECT(dev->ops->download(dev->ctx, od, dout.data, sizeof(float) * n) == 0, "%s %s: download", s->name, what);
+        KN_EXPECT(dev->ops->download(dev->ctx, od, dout.data, sizeof(float) * n) == 0, "%s %s: download", s->name, what);
         int nan = 0;
         for (size_t i = 0; i < n; i++) nan += isnan(od[i]) || isnan(oc[i]);
         const double e = kn_nmse(od, oc, n);
-        EXPECT(!nan, "%s %s: %d NaN values", s->name, what, nan);
+        KN_EXPECT(!nan, "%s %s: %d NaN values", s->name, what, nan);
         if (ON_FAKE)
-            EXPECT(!memcmp(od, oc, sizeof(float) * n), "%s %s: the fake device must give the CPU's bits", s->name, what);
+            KN_EXPECT(!memcmp(od, oc, sizeof(float) * n), "%s %s: the fake device must give the CPU's bits", s->name, what);
         else
-            EXPECT(e <= NMSE_BOUND, "%s %s: NMSE %.3g > %.0e", s->name, what, e, NMSE_BOUND);
+            KN_EXPECT(e <= NMSE_BOUND, "%s %s: NMSE %.3g > %.0e", s->name, what, e, NMSE_BOUND);
         printf("%s %s: T %d, mla_attention NMSE %.3g vs the CPU backend (bound %s)\n", s->name, what, T, e,
                ON_FAKE ? "bitwise" : "1e-8");
         bk_tensor_free(dev, &dq), bk_tensor_free(dev, &dout);
@@ -152,7 +150,7 @@ static void test_shape(const shape *s) {
     p.n = (size_t)NBLK * BS * D;
     p.h = calloc(p.n, 2);
     p.d = dev->ops->buf_alloc(dev->ctx, p.n * 2);
-    EXPECT(p.h && p.d, "%s: planes", s->name);
+    KN_EXPECT(p.h && p.d, "%s: planes", s->name);
     if (!p.h || !p.d) return;
     p.hk = (bk_kv_layer){NULL, NULL, BS, 1, D, NBLK, p.h, p.h};
     p.dk = (bk_kv_layer){NULL, NULL, BS, 1, D, NBLK, p.d, p.d};
@@ -231,9 +229,9 @@ static void test_moe(const moe_case *mc) {
     bk_weight bad = g[E - 1];
     bad.type = BK_W_BF16;
     g[E - 1] = bad;
-    EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == -1, "%s: a bf16 expert must be refused", mc->name);
+    KN_EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == -1, "%s: a bf16 expert must be refused", mc->name);
     g[E - 1].type = BK_W_I4G32;
-    EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == 0, "%s: moe_place", mc->name);
+    KN_EXPECT(dev->ops->moe_place(dev->ctx, E, g, u, d, &ex) == 0, "%s: moe_place", mc->name);
     float bias[64];
     for (int32_t e = 0; e < E; e++) bias[e] = frand() * 0.1f;
     bk_tensor dbias = dup(bias, 1, E);
@@ -248,9 +246,9 @@ static void test_moe(const moe_case *mc) {
         moe_ref(mc, g, u, d, lg, bias, x, mc->shared ? sh : NULL, T, yr);
         bk_tensor dx = dup(x, T, H), dl = dup(lg, T, E), ds = dup(sh, T, H), dy = {0};
         bk_tensor_alloc(dev, BK_F32, T, H, &dy);
-        EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, mc->shared ? &ds : NULL, &dy) == 0,
+        KN_EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, mc->shared ? &ds : NULL, &dy) == 0,
                "%s T %d: moe", mc->name, T);
-        EXPECT(dev->ops->download(dev->ctx, yd, dy.data, sizeof(float) * (size_t)T * H) == 0, "%s: download", mc->name);
+        KN_EXPECT(dev->ops->download(dev->ctx, yd, dy.data, sizeof(float) * (size_t)T * H) == 0, "%s: download", mc->name);
         double mx = 0, md = 0;
         int nan = 0;
         for (size_t i = 0; i < (size_t)T * H; i++) {
@@ -259,12 +257,12 @@ static void test_moe(const moe_case *mc) {
             if (fabs(yd[i] - yr[i]) > md) md = fabs(yd[i] - yr[i]);
         }
         const double e = kn_nmse(yd, yr, (size_t)T * H);
-        EXPECT(!nan && mx > 0, "%s T %d: %d NaN, max|y| %g", mc->name, T, nan, mx);
+        KN_EXPECT(!nan && mx > 0, "%s T %d: %d NaN, max|y| %g", mc->name, T, nan, mx);
         if (ON_FAKE)
-            EXPECT(!memcmp(yd, yr, sizeof(float) * (size_t)T * H), "%s T %d: the fake device must give the reference's bits",
+            KN_EXPECT(!memcmp(yd, yr, sizeof(float) * (size_t)T * H), "%s T %d: the fake device must give the reference's bits",
                    mc->name, T);
         else
-            EXPECT(e <= 1e-9 && md <= 1e-4 * mx, "%s T %d: NMSE %.3g (bound 1e-9), max diff %.3g of max|y| %.3g (bound 1e-4)",
+            KN_EXPECT(e <= 1e-9 && md <= 1e-4 * mx, "%s T %d: NMSE %.3g (bound 1e-9), max diff %.3g of max|y| %.3g (bound 1e-4)",
                    mc->name, T, e, md, mx);
         printf("%s T %d: moe NMSE %.3g, max diff %.3g of max|y| %.3g vs the host reference (bound %s)\n", mc->name, T, e,
                md, mx, ON_FAKE ? "bitwise" : "1e-9 / 1e-4");
@@ -276,7 +274,7 @@ static void test_moe(const moe_case *mc) {
         bk_tensor dx = {0}, dl = {0}, dy = {0};
         bk_tensor_alloc(dev, BK_F32, T, H, &dx), bk_tensor_alloc(dev, BK_F32, T, E, &dl);
         bk_tensor_alloc(dev, BK_F32, T, H, &dy);
-        EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, NULL, &dy) == -1,
+        KN_EXPECT(dev->ops->moe(dev->ctx, &ex, &mc->cfg, &dl, &dbias, &dx, NULL, &dy) == -1,
                "%s: a %d-token moe call beyond the backend's 256 tokens must be refused", mc->name, T);
         bk_tensor_free(dev, &dx), bk_tensor_free(dev, &dl), bk_tensor_free(dev, &dy);
     }
@@ -316,12 +314,12 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof moes / sizeof moes[0]; i++) test_moe(&moes[i]);
 #if ON_FAKE
-    EXPECT(fake_violations == 0, "%d host pointers reached the fake kernels", fake_violations);
+    KN_EXPECT(fake_violations == 0, "%d host pointers reached the fake kernels", fake_violations);
 #endif
     bk_cuda_destroy(dev);
     bk_cpu_destroy(cpu);
-    if (n_fail) {
-        printf("%d checks failed\n", n_fail);
+    if (kn_fails) {
+        printf("%d checks failed\n", kn_fails);
         return 1;
     }
     printf("OK\n");

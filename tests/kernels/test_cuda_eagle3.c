@@ -60,16 +60,6 @@
 #include "engine/model/model.h"
 #include "tests/kernels/kn_harness.h"
 
-static int n_fail = 0;
-#define EXPECT(cond, ...)                                   \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);     \
-            printf(__VA_ARGS__);                            \
-            printf("\n");                                   \
-            n_fail++;                                       \
-        }                                                   \
-    } while (0)
 
 #define P 24     /* prompt tokens */
 #define GEN 16   /* generated tokens of part 2 */
@@ -114,7 +104,7 @@ static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, floa
                      .n_out = logits ? n : 0, .out_idx = out, .logits = logits, .n_aux = aux ? 3 : 0,
                      .aux_layers = layers, .aux = dev ? NULL : aux, .aux_on_device = dev};
     specd_err err = {{0}};
-    if (model_forward(m, &b, &err) < 0) { printf("FAIL forward on %s: %s\n", model_backend(m)->name, err.msg); n_fail++; return -1; }
+    if (model_forward(m, &b, &err) < 0) { printf("FAIL forward on %s: %s\n", model_backend(m)->name, err.msg); kn_fails++; return -1; }
     return 0;
 }
 
@@ -148,7 +138,7 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
     spec_proposer *pc = NULL, *pg = NULL;
     eagle3_opts o = {.n_blocks = 8, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 8};
     if (eagle3_load(dir, mc, &o, &pc, &err) < 0 || eagle3_load(dir, mg, &o, &pg, &err) < 0) {
-        EXPECT(0, "eagle3_load %s: %s", dir, err.msg);
+        KN_EXPECT(0, "eagle3_load %s: %s", dir, err.msg);
         eagle3_destroy(pc);
         return;
     }
@@ -170,7 +160,7 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
     eagle3_rows rc = {n, tk, pos, seq, 1, tc, NULL}, rg = {n, tk, pos, seq, 1, tg, NULL};
     if (eagle3_fc(hc, aux, n, g, &err) < 0 || eagle3_layer(hc, &rc, g, hc_out, &err) < 0 ||
         eagle3_logits(hc, hc_out, n, lc, &err) < 0) {
-        EXPECT(0, "cpu head forward: %s", err.msg);
+        KN_EXPECT(0, "cpu head forward: %s", err.msg);
         goto out;
     }
     bk_tensor da = ddup(aux, BK_F32, n, fw), di = ddup(tk, BK_I32, n, 1), dg, dh, dl, dids;
@@ -182,15 +172,15 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
     if (eagle3_fc_t(hg, &da, &dg, &err) < 0 || eagle3_layer_t(hg, &rg, &di, &dg, &dh, &err) < 0 ||
         eagle3_logits_t(hg, &dh, &dl, &err) < 0 ||
         gpu->ops->argmax(gpu->ctx, &dl, eagle3_head_d2t(hg), &dids) < 0) {
-        EXPECT(0, "gpu head forward: %s", err.msg);
+        KN_EXPECT(0, "gpu head forward: %s", err.msg);
     } else {
         down(hg_out, &dh);
         down(lgp, &dl);
         down(ids, &dids);
         const double hm = maxabs(hc_out, (size_t)n * H), hd = maxdiff(hc_out, hg_out, (size_t)n * H);
         const double lm = maxabs(lc, (size_t)n * Vs), ld = maxdiff(lc, lgp, (size_t)n * Vs);
-        EXPECT(hd <= 1e-4 * hm, "%s: layer output max|diff| %.3g > 1e-4 x %.3g", hot ? "hot" : "whole", hd, hm);
-        EXPECT(ld <= 1e-3 * lm, "%s: logits max|diff| %.3g > 1e-3 x %.3g", hot ? "hot" : "whole", ld, lm);
+        KN_EXPECT(hd <= 1e-4 * hm, "%s: layer output max|diff| %.3g > 1e-4 x %.3g", hot ? "hot" : "whole", hd, hm);
+        KN_EXPECT(ld <= 1e-3 * lm, "%s: logits max|diff| %.3g > 1e-3 x %.3g", hot ? "hot" : "whole", ld, lm);
         int32_t checked = 0, close = 0;
         for (int32_t r = 0; r < n; r++) {
             const float *row = lc + (size_t)r * Vs;
@@ -199,13 +189,13 @@ static void test_forward(model *mc, model *mg, const char *dir, const char *hot)
             for (int32_t i = 0; i < Vs; i++) if (i != b && row[i] > second) second = row[i];
             if ((double)row[b] - second <= 2e-3 * lm) { close++; continue; }
             checked++;
-            EXPECT(ids[r] == (int32_t)used[b], "%s row %d: gpu argmax + d2t %d, cpu %lld (margin %.3g)",
+            KN_EXPECT(ids[r] == (int32_t)used[b], "%s row %d: gpu argmax + d2t %d, cpu %lld (margin %.3g)",
                    hot ? "hot" : "whole", r, ids[r], (long long)used[b], (double)row[b] - second);
         }
         printf("%s head (%d scored ids): layer max|diff| %.3g of %.3g, logits max|diff| %.3g of %.3g; argmax + d2t "
                "identical on %d rows (%d rows within the margin, not checked)\n", hot ? "hot" : "whole", Vs, hd, hm,
                ld, lm, checked, close);
-        EXPECT(checked >= n / 2, "only %d of %d rows had a margin to check", checked, n);
+        KN_EXPECT(checked >= n / 2, "only %d of %d rows had a margin to check", checked, n);
     }
     bk_tensor_free(gpu, &da), bk_tensor_free(gpu, &di), bk_tensor_free(gpu, &dg), bk_tensor_free(gpu, &dh);
     bk_tensor_free(gpu, &dl), bk_tensor_free(gpu, &dids);
@@ -232,22 +222,22 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
     eagle3_opts o = {.n_blocks = 16, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 8,
                      .aux_rows = g_dev_aux ? MAXT : 0};
     int32_t n_props = 0;
-    if (k > 0 && eagle3_load(dir, m, &o, &sp, &err) < 0) { EXPECT(0, "eagle3_load: %s", err.msg); goto out; }
+    if (k > 0 && eagle3_load(dir, m, &o, &sp, &err) < 0) { KN_EXPECT(0, "eagle3_load: %s", err.msg); goto out; }
     static const int32_t bucket1[1] = {1};
-    if (sp && g_graphs && eagle3_graphs_capture(sp, bucket1, 1, k, &err) < 0) { EXPECT(0, "chain graphs: %s", err.msg); goto out; }
+    if (sp && g_graphs && eagle3_graphs_capture(sp, bucket1, 1, k, &err) < 0) { KN_EXPECT(0, "chain graphs: %s", err.msg); goto out; }
     if (sp) sp->ops->aux_layers(sp->ctx, layers);
     if (target(m, prompt, P, 0, lg, layers, sp ? aux : NULL) < 0) goto out;
     int32_t x = argmax(lg + (size_t)(P - 1) * V, V);
     if (sp && (feed(sp, prompt, P, 0, aux, &err) < 0 ||
-               sp->ops->extend(sp->ctx, 1, &x, 1, P, NULL, &err) < 0)) { EXPECT(0, "extend: %s", err.msg); goto out; }
+               sp->ops->extend(sp->ctx, 1, &x, 1, P, NULL, &err) < 0)) { KN_EXPECT(0, "extend: %s", err.msg); goto out; }
     out[n_out++] = x;
-    while (n_out < GEN && !n_fail) {
+    while (n_out < GEN && !kn_fails) {
         int32_t batch[9], d[8], a = 0;
         batch[0] = x;
         if (sp) {
             int64_t id = 1;
             float t0 = 0.0f;
-            if (sp->ops->propose(sp->ctx, &id, &k, 1, k, &t0, d, NULL, &err) < 0) { EXPECT(0, "propose: %s", err.msg); break; }
+            if (sp->ops->propose(sp->ctx, &id, &k, 1, k, &t0, d, NULL, &err) < 0) { KN_EXPECT(0, "propose: %s", err.msg); break; }
             for (int j = 0; j < k; j++) batch[1 + j] = d[j] >= 0 ? d[j] : 0;
             for (int j = 0; j < k && props && n_props < GEN * 5; j++) props[n_props++] = d[j];
         }
@@ -257,7 +247,7 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
         const int32_t next = argmax(lg + (size_t)a * V, V);
         if (sp && (feed(sp, batch, a + 1, mpos, aux, &err) < 0 ||
                    sp->ops->extend(sp->ctx, 1, &next, 1, mpos + a + 1, NULL, &err) < 0)) {
-            EXPECT(0, "extend: %s", err.msg);
+            KN_EXPECT(0, "extend: %s", err.msg);
             break;
         }
         for (int j = 0; j < a && n_out < GEN; j++) out[n_out++] = batch[1 + j];
@@ -308,11 +298,11 @@ int main(void) {
         for (int32_t k = 1; k <= 5; k++) {
             int32_t out[GEN] = {0};
             greedy(mg, head, with_map ? map : NULL, k, out, !with_map && (k == 1 || k == 4) ? props_host[k == 4] : NULL);
-            EXPECT(!memcmp(out, ref, sizeof ref), "k=%d%s: speculative greedy on the GPU != plain greedy on the GPU", k,
+            KN_EXPECT(!memcmp(out, ref, sizeof ref), "k=%d%s: speculative greedy on the GPU != plain greedy on the GPU", k,
                    with_map ? " (hot vocabulary)" : "");
         }
     printf("speculative greedy (target and head on the GPU, k = 1..5, whole and hot head) == plain greedy: %s\n",
-           n_fail ? "NO" : "16 tokens each");
+           kn_fails ? "NO" : "16 tokens each");
     /* Part 3: the features never leave the device (model_aux_reserve via eagle3_opts.aux_rows, the forward's
      * aux_on_device, extend_rows into the head's feature pool): the same drafts as with the features
      * downloaded and uploaded again (exact copies both ways), and speculative greedy == plain greedy */
@@ -321,13 +311,13 @@ int main(void) {
         int32_t out[GEN] = {0}, props[GEN * 5];
         memset(props, 0xff, sizeof props);
         greedy(mg, head, NULL, k, out, props);
-        EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, features on the device: speculative greedy != plain greedy", k);
-        EXPECT(!memcmp(props, props_host[k == 4], sizeof props),
+        KN_EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, features on the device: speculative greedy != plain greedy", k);
+        KN_EXPECT(!memcmp(props, props_host[k == 4], sizeof props),
                "k=%d: the drafts with the features on the device differ from those with host features", k);
     }
     g_dev_aux = false;
     printf("features on the device (k = 1, 4): drafts identical to the host-feature runs, output == plain greedy: %s\n",
-           n_fail ? "NO" : "yes");
+           kn_fails ? "NO" : "yes");
     /* Part 4: the chain draft loop replayed as a CUDA graph (bucket 1, K = k): the eager chain's drafts, bit for
      * bit (the same kernels on the same inputs; the graph bakes the backend's length bound, which does not
      * change a token's arithmetic), and every propose a replay */
@@ -337,18 +327,18 @@ int main(void) {
         memset(props, 0xff, sizeof props);
         const long r0 = g_replays;
         greedy(mg, head, NULL, k, out, props);
-        EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, chain graphs: speculative greedy != plain greedy", k);
-        EXPECT(!memcmp(props, props_host[k == 4], sizeof props), "k=%d: the graph chain's drafts differ from the eager "
+        KN_EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, chain graphs: speculative greedy != plain greedy", k);
+        KN_EXPECT(!memcmp(props, props_host[k == 4], sizeof props), "k=%d: the graph chain's drafts differ from the eager "
                "chain's", k);
-        EXPECT(g_replays - r0 >= GEN / (k + 1), "k=%d: %ld proposes replayed the chain graph", k, g_replays - r0);
+        KN_EXPECT(g_replays - r0 >= GEN / (k + 1), "k=%d: %ld proposes replayed the chain graph", k, g_replays - r0);
     }
     g_graphs = false;
     printf("chain draft loop as CUDA graphs (k = 1, 4): drafts identical to the eager chain, output == plain greedy: "
-           "%s\n", n_fail ? "NO" : "yes");
+           "%s\n", kn_fails ? "NO" : "yes");
     model_destroy(mc), model_destroy(mg);
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
-    if (n_fail) printf("FAILED: %d checks\n", n_fail);
+    if (kn_fails) printf("FAILED: %d checks\n", kn_fails);
     else printf("OK\n");
-    return n_fail ? 1 : 0;
+    return kn_fails ? 1 : 0;
 }
