@@ -113,6 +113,9 @@ def server_args(ap, n, ks, threads):
     ap.add_argument("--draft-quantization", default="none", choices=["none", "q8_0"],
                     help="passed to specd serve with the draft (k > 0)")
     ap.add_argument("--speculative-token-map", help="passed to specd serve with the draft (k > 0): hot draft vocabulary")
+    ap.add_argument("--no-adaptive", action="store_true",
+                    help="serve with --no-speculative-adaptive: every verify step drafts exactly k (the acceptance "
+                         "length AT k; adaptive speculation, the server's default, may draft fewer or none)")
 
 
 def server_cmd(a, k, port):
@@ -123,6 +126,8 @@ def server_cmd(a, k, port):
         cmd += ["--draft", a.head, "--num-speculative-tokens", str(k), "--draft-quantization", a.draft_quantization]
         if a.speculative_token_map:
             cmd += ["--speculative-token-map", a.speculative_token_map]
+        if a.no_adaptive:
+            cmd += ["--no-speculative-adaptive"]
     return cmd
 
 

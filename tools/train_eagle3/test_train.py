@@ -381,3 +381,46 @@ def test_init_from_warm_starts_a_new_run(runs, tmp_path):
         tr.init_weights(fresh(d2t)[0], str(tmp_path / "bad.pt"), cfg, d2t)
     with pytest.raises(SystemExit, match="no loadable checkpoint"):
         tr.init_weights(fresh(d2t)[0], str(tmp_path), cfg, d2t)
+
+
+def test_init_from_exported_head(runs, tmp_path):
+    """--init-from an exported head directory (model.safetensors, no ckpt/: a committed
+    draft/heads/ head, whose run is gone): every non-lm_head weight is the checkpoint's,
+    bf16-rounded as exported; lm_head is taken from the head only when it carries one
+    under the same d2t; otherwise this run's target rows stay."""
+    syn, a, _ = runs
+    src = torch.load(os.path.join(a, "ckpt", f"step_{STEPS:08d}.pt"), weights_only=False)
+    args = tr.parse_args(_args(syn, str(tmp_path / "x")))
+    layer_cfg, embed, lm_target = tr.load_target(args)
+    d2t, t2d = tr.load_vocab_map(args.vocab_map, embed.shape[0])
+    cfg = DraftConfig(**src["cfg"])
+    used = torch.arange(d2t.shape[0]) + d2t
+
+    def fresh():
+        return Eagle3Train(cfg, embed, lm_target[used].clone())
+
+    trained = fresh()
+    trained.load_state_dict(src["model"], strict=False)
+    bf = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in src["model"].items()}
+    for with_lm in (True, False):
+        exp = str(tmp_path / f"exp{int(with_lm)}")
+        tr.export_head(trained, layer_cfg, d2t, t2d, exp, {"ttt": 3}, include_lm_head=with_lm)
+        m = fresh()
+        tr.init_weights(m, exp, cfg, d2t)
+        for k, v in m.state_dict().items():
+            if k == "lm_head.weight" and not with_lm:
+                assert torch.equal(v, lm_target[used]), "no lm_head in the head: this run's rows stay"
+            else:
+                assert torch.equal(v, bf[k]), k
+        # another map: lm_head never taken
+        d2t_other = d2t.clone()
+        d2t_other[-1] += 1 if int(used[-1]) + 1 < embed.shape[0] else -1
+        m2 = fresh()
+        tr.init_weights(m2, exp, cfg, d2t_other)
+        assert torch.equal(m2.state_dict()["lm_head.weight"], lm_target[used])
+    # a directory with a broken model.safetensors is refused with its path
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(SystemExit, match="cannot load model.safetensors"):
+        tr.init_weights(fresh(), str(broken), cfg, d2t)

@@ -368,6 +368,29 @@ def model_card(card):
 
 # ------------------------------------------------------------------ main ---
 
+def exported_as_ckpt(model, head_dir):
+    """An exported head (speculators layout: `head_dir`/model.safetensors, as
+    export_head writes it, e.g. a committed draft/heads/ directory) as the
+    checkpoint dict init_weights reads: the model's parameter names
+    (model.export_tensors names them in the speculators layout; bf16 values
+    widened to f32), and its own d2t, so that lm_head is taken only under the
+    same vocabulary map."""
+    from safetensors.torch import load_file
+    try:
+        t = load_file(os.path.join(head_dir, "model.safetensors"))
+    except Exception as e:   # noqa: BLE001 - any unreadable file is a refusal
+        sys.exit(f"train: --init-from {head_dir}: cannot load model.safetensors: {e}")
+    name_of = {p.data_ptr(): n for n, p in model.named_parameters()}
+    sd = {}
+    for k, v in model.export_tensors(True).items():
+        if k in t:
+            sd[name_of[v.data_ptr()]] = t[k].to(torch.float32)
+    ck = {"model": sd, "step": "exported head", "args": {"vocab_map": None}}
+    if "d2t" in t:
+        ck["d2t"] = t["d2t"].to(torch.int64)
+    return ck
+
+
 def init_weights(model, src, cfg, d2t):
     """Warm start: copy the draft weights of checkpoint `src` (a .pt file, or a run
     directory whose newest checkpoint is used) into `model`.  Every tensor must
@@ -375,8 +398,13 @@ def init_weights(model, src, cfg, d2t):
     lm_head is the exception: it is taken only when the source was trained
     against the same d2t; otherwise this run keeps its own initialisation (the
     target's rows of ITS draft vocabulary), since row i means a different
-    token under another map.  The optimiser, step and schedule are not copied."""
-    if os.path.isdir(src):
+    token under another map.  The optimiser, step and schedule are not copied.
+    `src` may also be an exported head directory (model.safetensors, no ckpt/):
+    its bf16 weights start the run (exported_as_ckpt)."""
+    if os.path.isdir(src) and not os.path.isdir(os.path.join(src, "ckpt")) and \
+            os.path.exists(os.path.join(src, "model.safetensors")):
+        ck, fn = exported_as_ckpt(model, src), os.path.join(src, "model.safetensors")
+    elif os.path.isdir(src):
         ck, fn = latest_ckpt(src)
         if ck is None:
             sys.exit(f"train: --init-from {src}: no loadable checkpoint in {src}/ckpt")
@@ -393,7 +421,7 @@ def init_weights(model, src, cfg, d2t):
     same_map = False
     try:
         src_map = ck["args"]["vocab_map"]
-        src_d2t, _ = load_vocab_map(src_map, cfg.target_vocab_size)
+        src_d2t = ck["d2t"] if "d2t" in ck else load_vocab_map(src_map, cfg.target_vocab_size)[0]
         same_map = src_d2t.shape == d2t.shape and bool(torch.equal(src_d2t, d2t))
     except (KeyError, TypeError, OSError, SystemExit, RuntimeError, ValueError):
         same_map = False
