@@ -129,7 +129,10 @@ int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd
  * are all greedy with k_max == K, fitting a bucket, replays it: its rows
  * padded to the bucket (padding rows at position 0 of one draft KV block
  * held for them), every row running all K steps (the host keeps the first
- * k of each; their extra KV entries are speculative ones), one metadata
+ * k of each; their extra steps run at the last position of their own k
+ * drafts, L + k - 1, or L + 1 at k = 1, so a sequence near the end of the
+ * context stays within the backend's positions; their extra KV entries are
+ * speculative ones), one metadata
  * upload per slot, ONE graph launch, one download of the ids. Anything
  * else runs the eager chain. Returns 0, or -1 with err (nothing kept). */
 int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err);

@@ -707,17 +707,19 @@ static int graph_ops(e3_proposer *P, int32_t B, bk_attn_meta *am, const int32_t 
     return 0;
 }
 
-/* Uploads the gk - 1 metadata slots of a chain over B rows: real rows r < nr at positions L[r] + s of their
- * own sequence r (tables[r]), padding rows at position 0 of sequence B (the padding block). pos [gk, B]. */
-static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, int32_t *pos, int32_t *seq_of,
-                      const int32_t **tables, bk_attn_meta *am, specd_err *err) {
+/* Uploads the gk - 1 metadata slots of a chain over B rows: real rows r < nr at positions min(L[r] + s,
+ * top[r]) of their own sequence r (tables[r]), padding rows at position 0 of sequence B (the padding block).
+ * pos [gk, B]. top[r] is the last position the row's own drafts need (chain_graph): a row with fewer drafts
+ * than the graph's steps runs its extra steps there, never past the positions the eager chain would use. */
+static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, const int32_t *top, int32_t *pos,
+                      int32_t *seq_of, const int32_t **tables, bk_attn_meta *am, specd_err *err) {
     const bk_graph_ops *go = P->be->ops->graph;
     for (int32_t r = 0; r < B; r++) seq_of[r] = r < nr ? r : B;
     for (int32_t r = nr; r < B; r++) tables[r] = NULL; /* unused rows (no token names them) */
     tables[B] = &P->gr_pad;
     for (int32_t sl = 1; sl < P->gk; sl++) {
         int32_t *ps = pos + (size_t)sl * B;
-        for (int32_t r = 0; r < B; r++) ps[r] = r < nr ? L[r] + sl : 0;
+        for (int32_t r = 0; r < B; r++) ps[r] = r < nr ? (L[r] + sl < top[r] ? L[r] + sl : top[r]) : 0;
         am[sl] = (bk_attn_meta){B, ps, seq_of, tables, B + 1, NULL, NULL};
         if (go->meta_slot(P->be->ctx, sl) < 0 || P->be->ops->meta_upload(P->be->ctx, &am[sl]) < 0) {
             go->meta_slot(P->be->ctx, 0);
@@ -746,8 +748,19 @@ static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int
     while (gi < P->n_gr && P->gr[gi].B < nr) gi++;
     if (gi == P->n_gr) return 0;
     const int32_t B = P->gr[gi].B, pad = (B + 3) & ~3;
-    for (int32_t r = 0; r < nr; r++) /* every row drafts gk steps: its blocks cover L + gk - 1 */
-        if (seq_cover(P, S[rows[r]], seq_last_pair(S[rows[r]]) + P->gk - 1) < 0) return 0;
+    /* every row runs gk steps; a row's steps past its own k (whose drafts are ignored) stay at the last position
+     * its drafts need, L + k - 1 (L + 1 at k = 1): the eager chain's positions, which the engine keeps below
+     * max_model_len (a row near the end of the context at L + gk - 1 would be past the backend's positions) */
+    int32_t *top = malloc(sizeof(int32_t) * (size_t)nr);
+    if (!top) return specd_err_set(err, "out of memory");
+    for (int32_t r = 0; r < nr; r++) {
+        const int32_t kr = k[map[rows[r]]];
+        top[r] = seq_last_pair(S[rows[r]]) + (kr > 1 ? kr - 1 : 1); /* kr <= k_max == gk */
+        if (seq_cover(P, S[rows[r]], top[r]) < 0) { /* its blocks cover every position the graph writes */
+            free(top);
+            return 0;
+        }
+    }
     int32_t *L = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B * P->gk);
     int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)B), *ids = malloc(sizeof(int32_t) * (size_t)pad * P->gk);
     const int32_t **tables = malloc(sizeof(int32_t *) * (size_t)(B + 1));
@@ -757,7 +770,7 @@ static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int
     if (!L || !pos || !seq_of || !ids || !tables) { specd_err_set(err, "out of memory"); goto out; }
     for (int32_t r = 0; r < nr; r++) L[r] = seq_last_pair(S[rows[r]]), tables[r] = S[rows[r]]->blocks;
     go->fixed_shape(P->be->ctx, true);
-    const int mu = graph_meta(P, B, nr, L, pos, seq_of, tables, am, err);
+    const int mu = graph_meta(P, B, nr, L, top, pos, seq_of, tables, am, err);
     go->fixed_shape(P->be->ctx, false);
     if (mu < 0) goto out;
     if (go->launch(P->be->ctx, P->gr[gi].exec) < 0) {
@@ -782,7 +795,7 @@ static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int
     P->gr_replays++;
     rc = 1;
 out:
-    free(L), free(pos), free(seq_of), free(ids), free(tables);
+    free(L), free(pos), free(seq_of), free(ids), free(tables), free(top);
     return rc;
 }
 
@@ -814,7 +827,7 @@ int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, i
         if (!L || !pos || !seq_of || !tables) specd_err_set(err, "out of memory");
         else {
             go->fixed_shape(P->be->ctx, true);
-            if (graph_meta(P, B, 0, L, pos, seq_of, tables, am, err) == 0) { /* every row padding */
+            if (graph_meta(P, B, 0, L, NULL, pos, seq_of, tables, am, err) == 0) { /* every row padding */
                 if (go->begin(P->be->ctx) < 0) specd_err_set(err, "eagle3 graphs: capture could not begin");
                 else {
                     const int run = graph_ops(P, B, am, pos, seq_of, tables, err);

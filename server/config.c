@@ -452,6 +452,12 @@ int specd_config_resolve(const specd_config *c, specd_spec *spec, specd_err *err
         return specd_err_set(err, "--cuda-graph-sizes %s and --enforce-eager contradict each other (eager steps "
                                   "capture no CUDA graphs; drop one)", c->cuda_graph_sizes);
     if (c->cuda_graph_sizes && specd_config_graph_sizes(c, buckets, 32, err) < 0) return -1;
+    /* device collectives on a host backend: refused here, so --check-config says what serve would (serve
+     * refused it only once the ranks had started) */
+    if (c->device && !strcmp(c->device, "cpu") && c->tp_comm &&
+        (!strcmp(c->tp_comm, "cuda_ipc") || !strcmp(c->tp_comm, "nccl")))
+        return specd_err_set(err, "--tp-comm %s needs a GPU backend, and --device cpu is none (the cpu backend's "
+                                  "tensors are host memory: use shm or auto)", c->tp_comm);
     int32_t k = -1;
     bool json_adaptive = true;
     if (c->speculative_config) {

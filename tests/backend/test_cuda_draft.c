@@ -34,7 +34,10 @@
  *      its eager steps interleaved with the target's replays) equal plain
  *      greedy on the CPU token for token, and the decode / verify steps
  *      were replayed (stats);
- *   4. no host pointer reached a device op.
+ *   4. the chain graph with a sequence next to the end of the backend's
+ *      positions (its k below the graph's steps): the propose replays the
+ *      graph and drafts what the eager CPU head drafts (part 5, near_end);
+ *   5. no host pointer reached a device op.
  * Needs the SmolLM2 GGUF and the venv's numpy (random head); skips (77)
  * without them.
  */
@@ -251,6 +254,66 @@ out:
     eagle3_destroy(pa), eagle3_destroy(pb);
 }
 
+/* Part 5: the chain graph next to the end of the context. The backend holds positions < NE_LEN; sequence 0
+ * (prompt 37 tokens, then x: 38 tokens, L = 36) has room for 2 drafts (the engine's spec_plan_k: k <= max_len -
+ * n_tokens), sequence 1 (prompt 30) drafts 5, so k_max == the graph's 5 steps and the greedy propose replays the
+ * chain graph. Sequence 0's row keeps running steps past its k in the graph: those steps must stay at positions
+ * the backend holds (an unclamped row reached L + 4 = 40: the metadata upload refused it and the whole propose
+ * failed, every sequence of the batch verifying without drafts). Its drafts must equal an eager CPU head's. */
+#define NE_LEN 40
+static void near_end(model *mc, const char *dir) {
+    const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden;
+    specd_err err = {{0}};
+    bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)512 << 20, .max_tokens = MAXT, .max_seqs = 5,
+                       .max_len = NE_LEN, .block_size = 16, .max_heads = 16, .max_head_dim = 128};
+    backend *dev = bk_cuda_create(&co, &err);
+    model *md = dev ? dt_model(dev, 8) : NULL;
+    spec_proposer *pa = NULL, *pb = NULL;
+    eagle3_opts o = {.n_blocks = 32, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
+    static const int32_t gb[1] = {2};
+    if (!md || eagle3_load(dir, mc, &o, &pa, &err) < 0 || eagle3_load(dir, md, &o, &pb, &err) < 0 ||
+        eagle3_graphs_capture(pb, gb, 1, 5, &err) < 0) {
+        EXPECT(0, "near the end: setup: %s", err.msg);
+        goto out;
+    }
+    int32_t layers[8], tables[2][8];
+    pa->ops->aux_layers(pa->ctx, layers);
+    float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
+    const int64_t ids[2] = {200, 201};
+    const int32_t np[2] = {g_np, g_np - 7}, ks[2] = {NE_LEN - (g_np + 1), 5};
+    for (int32_t s = 0; s < 2 && lg && aux; s++) {
+        for (int b = 0; b < 8; b++) tables[s][b] = s * 8 + b;
+        if (target_t(mc, tables[s], g_prompt, np[s], 0, lg, layers, aux) < 0) break;
+        const int32_t x = argmax(lg + (size_t)(np[s] - 1) * V, V);
+        spec_proposer *both[2] = {pa, pb};
+        for (int w = 0; w < 2; w++) {
+            EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], g_prompt, np[s], 0, aux, &err) == 0, "extend: %s", err.msg);
+            EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], &x, 1, np[s], NULL, &err) == 0, "extend: %s", err.msg);
+        }
+    }
+    int32_t da[2 * 5], db[2 * 5];
+    const long r0 = eagle3_graph_replays(pb);
+    if (!n_fail) {
+        EXPECT(pb->ops->propose(pb->ctx, ids, ks, 2, 5, NULL, db, NULL, &err) == 0,
+               "near the end: propose (device, chain graph): %s", err.msg);
+        EXPECT(pa->ops->propose(pa->ctx, ids, ks, 2, 5, NULL, da, NULL, &err) == 0, "near the end: propose (cpu): %s",
+               err.msg);
+        EXPECT(eagle3_graph_replays(pb) - r0 == 1, "near the end: the propose replayed the chain graph (%ld)",
+               eagle3_graph_replays(pb) - r0);
+        for (int32_t i = 0; i < 2 * 5 && !n_fail; i++)
+            EXPECT(da[i] == db[i] && (i % 5 < ks[i / 5] ? da[i] >= 0 : da[i] == -1),
+                   "near the end: draft %d: device %d, cpu %d", i, db[i], da[i]);
+        if (!n_fail)
+            printf("near the end of a %d-position backend: chain graph of 5 steps, k = (%d, 5): drafts == the eager "
+                   "CPU head's\n", NE_LEN, ks[0]);
+    }
+    free(lg), free(aux);
+out:
+    eagle3_destroy(pa), eagle3_destroy(pb);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+}
+
 int main(void) {
     backend *cpu = bk_cpu_create(0), *draft_cpu = bk_cpu_create(0);
     specd_err err = {{0}};
@@ -361,6 +424,7 @@ int main(void) {
     batch_compare(mc, md, head, NULL, 3, 5, true);
     batch_compare(mc, md, head, NULL, 3, 1, true);
     batch_compare(mc, md, head, map, 4, 4, true);
+    near_end(mc, head);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     dt_rm_head(dir);
     model_destroy(mc), model_destroy(md);

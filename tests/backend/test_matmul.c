@@ -317,7 +317,9 @@ static void test_matmul_n_portable(void **s) { (void)s; run_matmul_n(ISA_PORTABL
  * reference within the path's bound (check_close). The block formats and f32 rows. */
 static void run_small_m(isa_level isa) {
     const bk_wtype types[] = {BK_W_Q4_1, BK_W_Q8_0, BK_W_Q4_0, BK_W_F32};
-    const int64_t ncols[2] = {576, 352}; /* SmolLM2's hidden size (18 blocks), 11 blocks (an odd tail) */
+    /* SmolLM2's hidden size (18 blocks), 11 blocks (an odd tail), 65 blocks (a second IDOT_CHUNK of one odd
+     * block: the chunk's m-terms and the tail after a full chunk) */
+    const int64_t ncols[3] = {576, 352, 2080};
     backend *b[2] = {create_isa(isa, 1), create_isa(isa, 2)};
     if (isa != ISA_PORTABLE && !strstr(bk_cpu_describe(b[0]), isa == ISA_AVX2 ? "avx2" : "avx512")) {
         print_message("this CPU has no %s: skipped\n", ISA_NAME[isa]);
@@ -328,7 +330,7 @@ static void run_small_m(isa_level isa) {
     backend *ref2 = isa >= ISA_AVX512BASE ? create_isa(ISA_AVX2, 1) : NULL;
     enum { MAXT = 9, MAXR = 10 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (int ci = 0; ci < 2; ci++) {
+        for (int ci = 0; ci < 3; ci++) {
             const int64_t C = ncols[ci];
             wmat m;
             make_weight(&m, types[ti], MAXR, C);

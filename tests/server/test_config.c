@@ -230,6 +230,22 @@ static void test_graph_sizes(void **state) {
     assert_int_equal(specd_config_resolve(&c, &s, &err), -1);
     assert_non_null(strstr(err.msg, "--cuda-graph-sizes 1,2 and --enforce-eager contradict"));
     specd_config_free(&c);
+    /* device collectives with --device cpu: refused at resolve (so --check-config agrees with serve); shm and
+     * auto pass, and so does cuda_ipc with --device auto (decided when the backend is chosen) */
+    static const char *tpc[][3] = {{"cpu", "cuda_ipc", "-"}, {"cpu", "nccl", "-"}, {"cpu", "shm", "+"},
+                                   {"cpu", "auto", "+"},     {"auto", "cuda_ipc", "+"}, {"cuda", "nccl", "+"}};
+    for (size_t i = 0; i < sizeof tpc / sizeof tpc[0]; i++) {
+        char *a[] = {"--device", (char *)tpc[i][0], "--tensor-parallel-size", "2", "--tp-comm", (char *)tpc[i][1]};
+        assert_int_equal(parse(&c, 6, a, &err), 0);
+        const int rc = specd_config_resolve(&c, &s, &err);
+        if (tpc[i][2][0] == '+') {
+            if (rc != 0) fail_msg("--device %s --tp-comm %s refused: %s", tpc[i][0], tpc[i][1], err.msg);
+            specd_spec_free(&s);
+        } else if (rc != -1 || !strstr(err.msg, "needs a GPU backend") || !strstr(err.msg, tpc[i][1])) {
+            fail_msg("--device %s --tp-comm %s: rc %d (%s)", tpc[i][0], tpc[i][1], rc, rc ? err.msg : "accepted");
+        }
+        specd_config_free(&c);
+    }
     char *eager_only[] = {"--max-num-seqs", "16", "--enforce-eager"};
     assert_int_equal(parse(&c, 3, eager_only, &err), 0);
     assert_int_equal(specd_config_resolve(&c, &s, &err), 0);
