@@ -164,7 +164,10 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
  * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent. */
 static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
-    if (d->deepseek && cfg->tensor_parallel_size > 1)
+    if (cfg->max_num_batched_tokens > BK_CUDA_MAX_STEP_TOKENS)
+        snprintf(why, n, "--max-num-batched-tokens %d: a step on the CUDA backend carries at most %d tokens (the grid "
+                 "limit of its row kernels)", cfg->max_num_batched_tokens, BK_CUDA_MAX_STEP_TOKENS);
+    else if (d->deepseek && cfg->tensor_parallel_size > 1)
         snprintf(why, n, "DeepSeek-V3 / Kimi at --tensor-parallel-size %d runs on the CPU backend only for now "
                  "(its device forward is tested at TP 1)", cfg->tensor_parallel_size);
     else if (d->deepseek && (d->kv_lora > BK_CUDA_MLA_MAX_KVL || d->kv_lora % 2 || d->qk_rope % 2 ||

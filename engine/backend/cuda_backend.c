@@ -996,7 +996,7 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
     const int64_t T = x->rows;
     CU_REQUIRE(ex->w13 && cfg->E == ex->E && x->cols == ex->H && y->rows == T && y->cols == ex->H &&
                    logits->rows == T && logits->cols == cfg->E && bias->rows * bias->cols == cfg->E &&
-                   (!shared || (shared->rows == T && shared->cols == ex->H)) && T >= 1 && T <= 65535 &&
+                   (!shared || (shared->rows == T && shared->cols == ex->H)) && T >= 1 && T <= BK_CUDA_MAX_STEP_TOKENS &&
                    cfg->k >= 1 && cfg->k <= 64,
                "moe: x [%lld, %lld], logits [%lld, %lld], y [%lld, %lld] for %d experts of [%d | %d], top %d",
                (long long)x->rows, (long long)x->cols, (long long)logits->rows, (long long)logits->cols,

@@ -30,6 +30,9 @@
 /* Largest kv_lora_rank of the MLA ops (kernels/kn_mla.h KN_MLA_MAX_KVL; the latent kv_lora_rank + rope is bounded
  * by BK_CUDA_MAX_HEAD_DIM = KN_MLA_MAX_LATENT). */
 #define BK_CUDA_MLA_MAX_KVL 512
+/* Most tokens one step may carry on the CUDA backend: kernels that put the step's tokens on grid.y
+ * (kn_copy_rows, kn_moe's combine) take at most 65535 (CUDA's grid.y limit). */
+#define BK_CUDA_MAX_STEP_TOKENS 65535
 
 typedef struct bk_cuda_opts {
     int device;              /* CUDA device ordinal */

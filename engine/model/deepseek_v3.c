@@ -456,7 +456,7 @@ int dsv3_place(model *m, specd_err *err) {
 }
 
 void dsv3_unplace(model *m) {
-    if (!m->ds || !m->be) return;
+    if (!m->ds || !m->be || !m->ds->layers) return; /* a load that failed before the layers were allocated */
     for (int32_t l = 0; l < m->ds->hc.n_layers; l++) {
         bk_moe_experts *x = &m->ds->layers[l].ex_dev;
         if (!x->w13) continue;

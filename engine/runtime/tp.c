@@ -19,10 +19,20 @@ enum { TP_WANT_LOGITS = 1, TP_TREE = 2 };
 
 /* ------------------------------------------------------------ model_comm over shm */
 
+/* An all-gather's output must hold world x the input's bytes (every implementation writes that much). */
+static int gather_fits(const bk_tensor *in, const bk_tensor *out, int world, specd_err *err) {
+    const size_t all = bk_nbytes(in) * (size_t)world;
+    if (bk_nbytes(out) < all)
+        return specd_err_set(err, "tensor parallel: all-gather output of %zu bytes < %zu (%d ranks x %zu)",
+                             bk_nbytes(out), all, world, bk_nbytes(in));
+    return 0;
+}
+
 static int shm_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
     return comm_all_reduce_sum_f32((comm *)ctx, bk_f32(x), (size_t)x->rows * (size_t)x->cols, err);
 }
 static int shm_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
+    if (gather_fits(in, out, comm_world((comm *)ctx), err) < 0) return -1;
     return comm_all_gather((comm *)ctx, in->data, bk_nbytes(in), out->data, err);
 }
 
@@ -97,7 +107,7 @@ static int staged_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
 static int staged_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
     tp_dev_comm *d = ctx;
     const size_t b = bk_nbytes(in), all = b * (size_t)comm_world(d->c);
-    if (bk_nbytes(out) < all) return specd_err_set(err, "tensor parallel: all-gather output of %zu bytes < %zu", bk_nbytes(out), all);
+    if (gather_fits(in, out, comm_world(d->c), err) < 0) return -1;
     float *h = dev_stage(d, b + all, err);
     if (!h) return -1;
     char *mine = (char *)h, *gathered = (char *)h + b;
@@ -116,6 +126,7 @@ static int ipc_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
 }
 static int ipc_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
     tp_dev_comm *d = ctx;
+    if (gather_fits(in, out, comm_world(d->c), err) < 0) return -1;
     return comm_cuda_ipc_all_gather(d->ipc, in->data, out->data, bk_nbytes(in), d->stream, err);
 }
 static int nccl_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
@@ -125,6 +136,7 @@ static int nccl_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
 }
 static int nccl_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err) {
     tp_dev_comm *d = ctx;
+    if (gather_fits(in, out, comm_world(d->c), err) < 0) return -1;
     return comm_nccl_all_gather(d->nccl, in->data, out->data, (size_t)in->rows * (size_t)in->cols, COMM_NCCL_F32,
                                 d->stream, err);
 }
