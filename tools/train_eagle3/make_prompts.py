@@ -57,6 +57,8 @@ import time
 import urllib.request
 from collections import Counter, defaultdict
 
+from prepare_data import repair_tail  # the torn-last-line repair both data steps use
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.normpath(os.path.join(HERE, "../../../shared/data/prompts"))
 
@@ -362,17 +364,6 @@ def finalize(raw_records, eval_texts=(), near=0.6, eval_near=0.5, require_topic=
 
 
 # ------------------------------------------------------------- generation ---
-
-def repair_tail(path):
-    """Drop a torn last line (no newline: an interrupted write) so that appends start on a new line."""
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data.endswith(b"\n"):
-            return
-        f.truncate(data.rfind(b"\n") + 1)
-
 
 def read_raw(path):
     out = {}
