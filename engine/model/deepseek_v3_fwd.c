@@ -484,11 +484,8 @@ int dsv3_forward(model *m, const model_batch *b, specd_err *err) {
     w.idx_oh = bk_wrap_i32(idx + ix.n_qn + ix.n_qpe, (int64_t)ix.n_oh, 1);
     w.idx_ckv = bk_wrap_i32(idx + ix.n_qn + ix.n_qpe + ix.n_oh, (int64_t)ix.n_ckv, 1);
 
-    bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
-    if (!(ph & MODEL_PH_UP)) am.dev = m->ph_dev; /* uploaded by this step's upload phase */
-    else if (op->meta_upload(bx, &am) < 0)
-        return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
-    m->ph_dev = am.dev;
+    bk_attn_meta am;
+    if (model_step_meta(m, b, T, ph, &am, err) < 0) return -1;
     int rc = -1;
     if (ph & MODEL_PH_RUN) {
         if (op->embed(bx, &m->embed, &ids, b->tokens, &w.x) < 0) {

@@ -405,11 +405,8 @@ int llama_forward(model *m, const model_batch *b, specd_err *err) {
     bk_tensor ids = ph & MODEL_PH_UP ? model_ids(m, b, ids_buf) : bk_wrap_i32(ids_buf, T, 1);
     bk_tensor aux = hv ? bk_wrap_f32(b->aux, T, naux * H) : aux_fixed ? bk_rows(m->aux_dev, 0, T) : bk_take(&wc, T, naux * H);
 
-    bk_attn_meta am = {T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
-    if (!(ph & MODEL_PH_UP)) am.dev = m->ph_dev; /* uploaded by this step's upload phase */
-    else if (op->meta_upload(bx, &am) < 0)
-        return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
-    m->ph_dev = am.dev;
+    bk_attn_meta am;
+    if (model_step_meta(m, b, T, ph, &am, err) < 0) return -1;
     int rc = -1;
     if (!(ph & MODEL_PH_RUN)) goto outputs;
     if (op->embed(bx, &m->embed, &ids, b->tokens, &x) < 0) { specd_err_set(err, "token id out of range"); goto done; }

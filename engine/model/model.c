@@ -106,6 +106,15 @@ bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf) {
     return bk_wrap_i32(ids_buf, b->n_tokens, 1);
 }
 
+int model_step_meta(model *m, const model_batch *b, int32_t T, int ph, bk_attn_meta *am, specd_err *err) {
+    *am = (bk_attn_meta){T, b->pos, b->seq_of, b->block_tables, b->n_seqs, b->tree_mask, NULL};
+    if (!(ph & MODEL_PH_UP)) am->dev = m->ph_dev; /* uploaded by this step's upload phase */
+    else if (m->be->ops->meta_upload(m->be->ctx, am) < 0)
+        return specd_err_set(err, "%s backend: step metadata upload failed", m->be->name);
+    m->ph_dev = am->dev;
+    return 0;
+}
+
 bk_kv_layer model_kv_layer(model *m, int32_t l) {
     if (m->kv_bf16) { /* the same element offsets on a plane of uint16 */
         uint16_t *base = (uint16_t *)(void *)m->kv;

@@ -104,6 +104,12 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
  * host-visible backends; else uploaded into ids_buf, I32 backend memory of at
  * least T entries). */
 bk_tensor model_ids(model *m, const model_batch *b, int32_t *ids_buf);
+
+/* The step's attention metadata for phase ph (model_graph.c's MODEL_PH_* bits): the upload phase
+ * meta_uploads b's positions, sequence index, block tables and tree mask for T tokens and records
+ * the device copy in m->ph_dev; a later phase of the same step reuses that copy. am is filled
+ * either way. -1 with the reason when the upload fails. */
+int model_step_meta(model *m, const model_batch *b, int32_t T, int ph, bk_attn_meta *am, specd_err *err);
 tp_style model_linear_parallel(const char *gguf_name);
 
 int llama_load_gguf(model *m, specd_err *err);
