@@ -21,15 +21,7 @@ mkdir -p "$out"
 CXX=${CXX:-g++}
 CC=${CC:-gcc}
 inc="-I$here/include -I$root"
-python3 "$here/kn_emu.py" "$root/kernels/kn_allreduce.cu" "$out/kn_allreduce.cpp"
-$CXX -std=c++17 -O2 -g -Wall -Wno-unused-function $inc -c "$out/kn_allreduce.cpp" -o "$out/kn_allreduce.o"
-$CXX -std=c++17 -O2 -g -Wall $inc -c "$here/kn_emu_runtime.cpp" -o "$out/kn_emu_runtime.o"
-objs=""
-for c in "$root"/engine/comm/*.c; do
-    o="$out/comm_$(basename "$c" .c).o"
-    $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off -DSPECD_HAVE_CUDA=1 $inc -c "$c" -o "$o"
-    objs="$objs $o"
-done
+. "$here/comm_objs.sh" # kn_allreduce.o, kn_emu_runtime.o, $objs
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $inc -I"$root/tests" -c "$root/tests/comm/test_comm_cuda_ipc_gpu.c" \
     -o "$out/test_comm_cuda_ipc_gpu.o"
 # shellcheck disable=SC2086
