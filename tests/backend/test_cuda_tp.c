@@ -47,6 +47,7 @@
 #include "engine/backend/cuda_backend.h"
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
+#include "tests/backend/tp_fake_util.h"
 #include "draft/eagle3.h"
 #include "engine/loader/gguf.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -60,12 +61,6 @@ enum { BS = 16, NB = 8, NSEQ = 2, L0 = 13, L1 = 9, STEPS = 8 };
 static const int32_t tab0[4] = {0, 1, 2, 3}, tab1[4] = {7, 6, 5, 4};
 static const int32_t *const tables[NSEQ] = {tab0, tab1};
 
-/* The device ranks' collectives: shm staged through the host, or cuda_ipc with SPECD_TP_TEST_COMM=cuda_ipc (the
- * build of tools/kn_emu/run_tp.sh, where the cuda_ipc kernel runs in the CPU emulation; workers inherit it). */
-static tp_comm_kind dev_comm(void) {
-    const char *e = getenv("SPECD_TP_TEST_COMM");
-    return e && !strcmp(e, "cuda_ipc") ? TP_COMM_CUDA_IPC : TP_COMM_SHM;
-}
 
 static size_t arena_for(const char *path) { return strstr(path, ".gguf") ? (size_t)192 << 20 : (size_t)48 << 20; }
 
@@ -97,7 +92,7 @@ static int worker_main(int argc, char **argv) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "device start failed: %.200s", err.msg);
         comm_abort(c, why);
-    } else if (tp_dev_comm_open(c, be, on_dev ? dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
+    } else if (tp_dev_comm_open(c, be, on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
                (o.tp = &mc, model_load(path, be, &o, &m, &err) < 0)) {
         comm_abort(c, err.msg);
     } else if (tp_worker_run_dev(c, m, dev, NULL, NULL, &err) == 0) {
@@ -140,7 +135,7 @@ static int run_open(run *r, const char *path, int N, const char *kind, specd_err
     if (!r->be) return -1;
     model_load_opts o = {.block_size = BS, .n_blocks = NB};
     if (r->rk) {
-        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? dev_comm() : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
+        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
             return -1;
         o.tp = &r->mc;
     }
@@ -150,12 +145,7 @@ static int run_open(run *r, const char *path, int N, const char *kind, specd_err
 }
 
 static int run_close(run *r, specd_err *err) {
-    int rc = 0;
-    if (r->rk) rc = ranks_shutdown(r->rk, 10000, err);
-    tp_dev_comm_close(r->dev); /* cuda_ipc's watchdog reads the host group: close it first */
-    if (r->rk) ranks_destroy(r->rk);
-    model_destroy(r->m);
-    if (r->be) r->on_dev ? bk_cuda_destroy(r->be) : bk_cpu_destroy(r->be);
+    const int rc = tp_fake_group_close(r->rk, r->dev, r->m, r->be, r->on_dev, err);
     memset(r, 0, sizeof *r);
     return rc;
 }
@@ -230,7 +220,7 @@ static void check_model(const char *name, const char *path, int N, bool greedy_t
     if (greedy_tp1) EXPECT(same1, "%s TP %d: greedy tokens differ from TP 1's", name, N);
     printf("%-8s TP %d on the fake device, %s (%d of %d heads, LM-head rows %d of %d): logits == CPU TP %d bit for bit "
            "(%zu values over %d steps); greedy %s TP 1's; max|diff| vs TP 1 %.3g\n",
-           name, N, tp_comm_kind_name(dev_comm()), si.n_heads, si.size ? si.n_heads * N : 0, si.vocab_rows, V, N, nl, 1 + STEPS,
+           name, N, tp_comm_kind_name(tp_fake_dev_comm()), si.n_heads, si.size ? si.n_heads * N : 0, si.vocab_rows, V, N, nl, 1 + STEPS,
            same1 ? "==" : "!=", d1);
     free(l1), free(lc), free(lf);
 }

@@ -28,6 +28,7 @@
 #include "engine/backend/cuda_backend.h"
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
+#include "tests/backend/tp_fake_util.h"
 
 extern int fake_violations, fake_kn_sample_calls, fake_kn_spec_verify_calls;
 extern size_t fake_d2h_bytes, fake_h2d_bytes;
@@ -36,10 +37,6 @@ extern size_t fake_d2h_bytes, fake_h2d_bytes;
 
 enum { NBLK = 64 };
 
-static tp_comm_kind dev_comm(void) {
-    const char *e = getenv("SPECD_TP_TEST_COMM");
-    return e && !strcmp(e, "cuda_ipc") ? TP_COMM_CUDA_IPC : TP_COMM_SHM;
-}
 
 static backend *fake_dev(specd_err *err) {
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)96 << 20, .max_tokens = 256, .max_seqs = 8, .max_len = 160,
@@ -74,7 +71,7 @@ static int worker_main(int argc, char **argv) {
     model *m = NULL;
     int rc = 1;
     model_load_opts o = {.block_size = EG_BS, .n_blocks = NBLK, .tp = &mc};
-    if (!be || tp_dev_comm_open(c, be, on_dev ? dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
+    if (!be || tp_dev_comm_open(c, be, on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
         model_load(argv[3], be, &o, &m, &err) < 0)
         comm_abort(c, err.msg[0] ? err.msg : "no backend");
     else if (tp_worker_run_dev(c, m, dev, NULL, NULL, &err) == 0)
@@ -98,7 +95,7 @@ static int grp_open(grp *g, const char *path, int N, const char *kind, specd_err
     if (ranks_launch(&rc, &g->rk, err) < 0) return -1;
     g->be = g->on_dev ? fake_dev(err) : bk_cpu_create(1);
     if (!g->be ||
-        tp_dev_comm_open(ranks_comm(g->rk), g->be, g->on_dev ? dev_comm() : TP_COMM_AUTO, &g->dev, &g->mc, err) < 0)
+        tp_dev_comm_open(ranks_comm(g->rk), g->be, g->on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &g->dev, &g->mc, err) < 0)
         return -1;
     model_load_opts o = {.block_size = EG_BS, .n_blocks = NBLK, .tp = &g->mc};
     if (model_load(path, g->be, &o, &g->m, err) < 0) return -1;
@@ -107,13 +104,7 @@ static int grp_open(grp *g, const char *path, int N, const char *kind, specd_err
 }
 
 static int grp_close(grp *g, specd_err *err) {
-    int rc = 0;
-    if (g->rk) rc = ranks_shutdown(g->rk, 10000, err);
-    tp_dev_comm_close(g->dev); /* cuda_ipc's watchdog reads the host group: close it first */
-    if (g->rk) ranks_destroy(g->rk);
-    model_destroy(g->m);
-    if (g->be) g->on_dev ? bk_cuda_destroy(g->be) : bk_cpu_destroy(g->be);
-    return rc;
+    return tp_fake_group_close(g->rk, g->dev, g->m, g->be, g->on_dev, err);
 }
 
 int main(int argc, char **argv) {
@@ -137,8 +128,8 @@ int main(int argc, char **argv) {
     EG_EXPECT(si.size == 2 && si.vocab_rows == 256, "the LM head split by vocabulary (%d rows of 512)", si.vocab_rows);
     eg_route(0, gc.m, tp_runner_forward, &gc.tr);
     eg_route(1, gd.m, tp_runner_forward, &gd.tr);
-    eg_check_bytes = dev_comm() == TP_COMM_CUDA_IPC;
-    printf("TP 2, vocabulary-split LM head, device collectives %s%s\n", tp_comm_kind_name(dev_comm()),
+    eg_check_bytes = tp_fake_dev_comm() == TP_COMM_CUDA_IPC;
+    printf("TP 2, vocabulary-split LM head, device collectives %s%s\n", tp_comm_kind_name(tp_fake_dev_comm()),
            eg_check_bytes ? " (device -> host bytes checked per step)" : "");
     eg_scenarios(gc.m, gd.m, gd.be);
     EG_EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
