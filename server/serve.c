@@ -254,8 +254,7 @@ int specd_serve_main(int argc, char **argv) {
     int load_rc = specd_bundle_load(model_path, &cfg, worker_argv, &b, &err);
     free(worker_argv);
     if (load_rc || engine_start(b.eng, &err)) {
-        LOG_ERROR("specd serve: %s", err.msg);
-        fprintf(stderr, "specd serve: %s\n", err.msg);
+        LOG_ERROR("specd serve: %s", err.msg); /* the log is stderr: printed once */
         goto out;
     }
     atomic_store(&ctx.eng, b.eng);
