@@ -37,7 +37,9 @@
  * miniature's EAGLE-3 head (OUT/kimi_head; the random OUT/head without
  * ../shared/data) whole on a CPU backend of rank 0, as the bundle runs a
  * draft at --device cuda --tensor-parallel-size N today, through the engine
- * (k = 3), batch 1 and 8 concurrent, then an oracle proposer (each
+ * (k = 3; greedy verified on the device: the engine samples the gathered
+ * logits there, as the bundle's forward_logits_dev), batch 1 and 8
+ * concurrent, then an oracle proposer (each
  * request's continuation, every third draft corrupted: verify steps that
  * accept, reject and correct), 8 concurrent: greedy == plain greedy of the
  * same group, token for token, every KV block back in the pool.
@@ -65,7 +67,7 @@
 #include "tests/backend/kimi_steps.h"
 #include "tests/backend/tp_fake_util.h"
 
-extern int fake_violations;
+extern int fake_violations, fake_kn_sample_calls;
 
 static int n_fail;
 #define EXPECT(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); n_fail++; } } while (0)
@@ -78,7 +80,7 @@ static int n_fail;
 static backend *fake_dev(const char *path, int N, specd_err *err) {
     hf_config hc;
     if (hf_config_load(path, &hc, err) < 0) return NULL;
-    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
+    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)384 << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
                       .block_size = KS_BS, .max_heads = hc.n_heads / N, .max_head_dim = hc.kv_lora_rank + hc.qk_rope,
                       .staging_bytes = 1 << 20, .mla_kv_lora_rank = hc.kv_lora_rank,
                       .moe_experts = hc.n_routed_experts, .moe_top_k = hc.n_experts_per_tok, .moe_hidden = hc.hidden,
@@ -346,8 +348,11 @@ static const spec_proposer_ops or_ops = {.extend = or_extend, .propose = or_prop
  * oracle: the drafts must be partly accepted, partly rejected. */
 static void spec_run(run *r, spec_proposer *p, int nreq, const char *what, bool oracle) {
     const model_config *mc = model_get_config(r->m);
+    /* sampling on the device, as the bundle runs a device target at TP (forward_logits_dev: the vocabulary-split
+     * logits all-gathered and interleaved on rank 0's device, bk_ops.sample there) */
     engine_runner rn = {.ctx = r, .forward = run_fwd, .vocab = mc->vocab, .hidden = mc->hidden, .block_size = KS_BS,
-                        .n_blocks = model_kv_n_blocks(r->m)};
+                        .n_blocks = model_kv_n_blocks(r->m), .sample_be = r->on_dev ? r->be : NULL};
+    const int samples0 = fake_kn_sample_calls;
     engine_detok d = {.stream_create = dt_create, .stream_destroy = dt_destroy, .push = dt_push, .flush = dt_flush};
     engine_config cfg = {.max_model_len = 128, .max_num_seqs = 8, .max_num_batched_tokens = 48, .max_waiting = 64,
                          .num_speculative_tokens = 3};
@@ -395,6 +400,7 @@ static void spec_run(run *r, spec_proposer *p, int nreq, const char *what, bool 
     EXPECT(st.kv_blocks_free == st.kv_blocks_total, "%s: %lld of %lld KV blocks free after the run", what,
            (long long)st.kv_blocks_free, (long long)st.kv_blocks_total);
     EXPECT(st.spec_num_draft_tokens_total > 0, "%s: nothing was drafted", what);
+    EXPECT(!r->on_dev || fake_kn_sample_calls > samples0, "%s: the engine did not sample on the device", what);
     if (oracle)
         EXPECT(st.spec_num_accepted_tokens_total > 0 && st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total,
                "%s: %lld of %lld drafts accepted: the oracle's verify steps must accept and reject", what,
