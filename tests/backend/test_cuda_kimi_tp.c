@@ -15,8 +15,8 @@
  *
  * Models (KIMI_C_MINI_DIR, the kimi_c_mini fixture): the seed-0 miniature
  * "k25" (4 heads, 16 experts of width 64, 1 shared) at TP 2, and its 8-head
- * "wide8" variant (experts of width 256, the CPU TP tests' model) at TP 2
- * and 4. Each backend gets the per-rank bounds the server plans
+ * "wide8" variant (experts of width 256, the CPU TP tests' model) at TP 2,
+ * 4 and 8 (one head per rank, expert slices of one int4 group). Each backend gets the per-rank bounds the server plans
  * (server/bundle.c): heads / N, expert width / N in the MoE workspace.
  *
  * Per model and N, the run of tests/backend/kimi_steps.h (3 sequences
@@ -80,7 +80,7 @@ static int n_fail;
 static backend *fake_dev(const char *path, int N, specd_err *err) {
     hf_config hc;
     if (hf_config_load(path, &hc, err) < 0) return NULL;
-    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)384 << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
+    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)(N >= 4 ? 192 : 384) << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
                       .block_size = KS_BS, .max_heads = hc.n_heads / N, .max_head_dim = hc.kv_lora_rank + hc.qk_rope,
                       .staging_bytes = 1 << 20, .mla_kv_lora_rank = hc.kv_lora_rank,
                       .moe_experts = hc.n_routed_experts, .moe_top_k = hc.n_experts_per_tok, .moe_hidden = hc.hidden,
@@ -477,6 +477,7 @@ int main(int argc, char **argv) {
         check_model("k25", k25, 2);
         check_model("wide8", wide, 2);
         check_model("wide8", wide, 4);
+        check_model("wide8", wide, 8);
         check_refusal(k25);
         check_spec(root);
     }
