@@ -46,9 +46,18 @@
  * SPECD_TP_TEST_COMM=cuda_ipc (tools/kn_emu/run_tp.sh BUILD kimi, ctest
  * backend_cuda_kimi_tp_ipc_emu) runs the device ranks' collectives through
  * the real cuda_ipc communicator in the kn_emu emulation instead: the same
- * bits (wide8 at TP 2 only there, KIMI_TP_QUICK=1).
- * Not checked here: real kernels (label gpu: tools/gpu_check.sh serves the
- * miniature at TP 2 and 4 on one GPU), nccl.
+ * bits (wide8 at TP 2 only there, KIMI_TP_QUICK=1), and with
+ * KIMI_TP_GPU_LOGIC=1 the GPU build's checks below as well.
+ * Built a second time without the fake (ctest cuda_kimi_tp, label gpu;
+ * exits 77 without a GPU): every rank a process on the one real GPU, k25 at
+ * TP 2 and wide8 at TP 4, each device run fed CPU TP N's tokens: logits
+ * within TOL = 2e-3 of each row's max|logit| of CPU TP N (cuda_kimi's bound
+ * of the device against the CPU), top-1 identical where CPU TP's margin
+ * exceeds that, final hidden and aux within 1e-3 of the row's max; the run
+ * with `--tp-comm cuda_ipc` == the run with shm staging == a rerun, bit for
+ * bit; CPU TP N's greedy == TP 1's; the refusal; speculative greedy == plain
+ * greedy on the GPU group (device sampling), batch 1 and 8, the oracle.
+ * Not checked here: nccl; `specd serve` at TP on the GPU (kimi_c_tp_cuda_gpu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,7 +65,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "tests/backend/cuda_fake/cuda_runtime_api.h"
 #include "draft/eagle3.h"
 #include "engine/backend/cuda_backend.h"
 #include "engine/comm/ranks.h"
@@ -67,17 +75,28 @@
 #include "tests/backend/kimi_steps.h"
 #include "tests/backend/tp_fake_util.h"
 
+#ifdef bk_cuda_create /* cuda_fake's header (-include) renamed the backend: the fake device */
+#define ON_FAKE 1
 extern int fake_violations, fake_kn_sample_calls;
+#else
+#define ON_FAKE 0
+static int fake_violations, fake_kn_sample_calls; /* stay 0 on a GPU */
+#endif
+#define DEV_NAME (ON_FAKE ? "the fake device" : "the GPU")
 
 static int n_fail;
 #define EXPECT(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); n_fail++; } } while (0)
 
 #define NBLK 96 /* KV blocks of every rank (the same pool on every rank) */
-#define TOL 2e-3
+#define TOL 2e-3       /* GPU: of each row's max|logit| against CPU TP (cuda_kimi's bound against the CPU) */
+#define TOL_STATE 1e-3 /* GPU: of each row's max|x|, final hidden and aux */
 
-/* The fake device of one rank of N with the bounds server/bundle.c plans for it: this rank's heads, the
+/* The device ranks' collectives: --tp-comm's name, passed to the workers. */
+static const char *dev_comm_name(void) { return ON_FAKE ? tp_comm_kind_name(tp_fake_dev_comm()) : "cuda_ipc"; }
+
+/* The (fake) device of one rank of N with the bounds server/bundle.c plans for it: this rank's heads, the
  * latent, the MoE of its expert slices (width I / N). */
-static backend *fake_dev(const char *path, int N, specd_err *err) {
+static backend *dev_backend(const char *path, int N, specd_err *err) {
     hf_config hc;
     if (hf_config_load(path, &hc, err) < 0) return NULL;
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)(N >= 4 ? 192 : 384) << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
@@ -92,18 +111,20 @@ static void be_destroy(backend *be, bool on_dev) {
     if (be) on_dev ? bk_cuda_destroy(be) : bk_cpu_destroy(be);
 }
 
-/* Worker: `test --tp-worker cpu|fake PATH --specd-comm-...`. */
+/* Worker: `test --tp-worker cpu|dev PATH COMM --specd-comm-...`. */
 static int worker_main(int argc, char **argv) {
     ranks_worker w;
     specd_err err = {{0}};
     comm *c = NULL;
-    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 4 || ranks_worker_attach(&w, &c, &err) < 0) {
+    if (ranks_worker_detect(argc, argv, &w, &err) != 1 || argc < 5 || ranks_worker_attach(&w, &c, &err) < 0) {
         fprintf(stderr, "tp worker: %s\n", err.msg);
         return 1;
     }
     const char *kind = argv[2], *path = argv[3];
     const bool on_dev = strcmp(kind, "cpu") != 0;
-    backend *be = on_dev ? fake_dev(path, w.world, &err) : bk_cpu_create(1);
+    tp_comm_kind ck = TP_COMM_AUTO;
+    backend *be = tp_comm_kind_parse(argv[4], &ck, &err) < 0 ? NULL : on_dev ? dev_backend(path, w.world, &err)
+                                                                            : bk_cpu_create(1);
     tp_dev_comm *dev = NULL;
     model_comm mc;
     model *m = NULL;
@@ -113,7 +134,7 @@ static int worker_main(int argc, char **argv) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "device start failed: %.200s", err.msg);
         comm_abort(c, why);
-    } else if (tp_dev_comm_open(c, be, on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
+    } else if (tp_dev_comm_open(c, be, on_dev ? ck : TP_COMM_AUTO, &dev, &mc, &err) < 0 ||
                (o.tp = &mc, model_load(path, be, &o, &m, &err) < 0)) {
         comm_abort(c, err.msg);
     } else if (tp_worker_run_dev(c, m, dev, NULL, NULL, &err) == 0) {
@@ -143,21 +164,23 @@ typedef struct run {
     tp_runner tr;
 } run;
 
-/* N ranks (N = 1: this process alone) of kind "cpu" / "fake"; the latent cache in bf16 everywhere. */
-static int run_open(run *r, const char *path, int N, const char *kind, specd_err *err) {
+/* N ranks (N = 1: this process alone) of kind "cpu" / "dev" (the device ranks' collectives: a --tp-comm
+ * name, cname); the latent cache in bf16 everywhere. */
+static int run_open(run *r, const char *path, int N, const char *kind, const char *cname, specd_err *err) {
     memset(r, 0, sizeof *r);
     r->on_dev = strcmp(kind, "cpu") != 0;
+    tp_comm_kind ck = TP_COMM_AUTO;
+    if (tp_comm_kind_parse(cname, &ck, err) < 0) return -1;
     if (N > 1) {
-        const char *argv[] = {g_self, "--tp-worker", kind, path, NULL};
+        const char *argv[] = {g_self, "--tp-worker", kind, path, cname, NULL};
         ranks_config rc = {.world = N, .worker_argv = argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
         if (ranks_launch(&rc, &r->rk, err) < 0) return -1;
     }
-    r->be = r->on_dev ? fake_dev(path, N, err) : bk_cpu_create(1);
+    r->be = r->on_dev ? dev_backend(path, N, err) : bk_cpu_create(1);
     if (!r->be) return -1;
     model_load_opts o = {.block_size = KS_BS, .n_blocks = NBLK, .latent_bf16 = true};
     if (r->rk) {
-        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? tp_fake_dev_comm() : TP_COMM_AUTO, &r->dev, &r->mc,
-                             err) < 0)
+        if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? ck : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
             return -1;
         o.tp = &r->mc;
     }
@@ -177,14 +200,16 @@ static int run_fwd(void *ctx, const model_batch *b, specd_err *err) {
     return r->rk ? tp_runner_forward(&r->tr, b, err) : model_forward(r->m, b, err);
 }
 
-/* The kimi_steps run on N ranks of kind; 0, or -1 with the reason printed. */
-static int steps_on(const char *name, const char *path, int N, const char *kind, ks_run *out, model_shard_info *si) {
+/* The kimi_steps run on N ranks of kind (forced: that run's tokens fed, NULL: greedy); 0, or -1 with the reason
+ * printed. */
+static int steps_on(const char *name, const char *path, int N, const char *kind, const char *cname,
+                    const ks_run *forced, ks_run *out, model_shard_info *si) {
     specd_err err = {{0}};
     run r;
-    int rc = run_open(&r, path, N, kind, &err);
+    int rc = run_open(&r, path, N, kind, cname, &err);
     if (rc < 0) printf("%s %s TP %d: %s\n", name, kind, N, err.msg);
     if (rc == 0 && si) model_get_shard(r.m, si);
-    if (rc == 0 && (rc = ks_do_fwd(r.m, run_fwd, &r, NULL, out, NULL, true)) < 0)
+    if (rc == 0 && (rc = ks_do_fwd(r.m, run_fwd, &r, forced, out, NULL, true)) < 0)
         printf("%s %s TP %d: the steps failed\n", name, kind, N);
     if (run_close(&r, &err) < 0) {
         printf("%s %s TP %d shutdown (a worker failed or saw a host pointer): %s\n", name, kind, N, err.msg);
@@ -207,14 +232,56 @@ static size_t bits_differ(const ks_run *a, const ks_run *b) {
     return d;
 }
 
+/* GPU: the device run rf (fed CPU TP's tokens) against CPU TP's rc, row by row, within TOL / TOL_STATE, top-1
+ * identical where the CPU's margin exceeds TOL. Returns the worst logit error (of max|logit|). */
+static double gpu_vs_cpu(const char *name, int N, const ks_run *rc, const ks_run *rf) {
+    double worst = 0;
+    for (int st = 0; st < KS_NSTEP; st++)
+        for (int t = 0; t < rc->T[st]; t++) {
+            const float *a = rc->logits[st] + (size_t)t * rc->V, *b = rf->logits[st] + (size_t)t * rc->V;
+            double mx = 0, e = 0;
+            int nan = 0;
+            for (int i = 0; i < rc->V; i++) mx = fmax(mx, fabs(a[i])), e = fmax(e, fabs((double)a[i] - b[i])), nan += isnan(b[i]);
+            worst = fmax(worst, e / mx);
+            EXPECT(!nan && e <= TOL * mx, "%s TP %d step %d row %d: %d NaN, logits |diff| %.3g of max|logit| (bound %g)",
+                   name, N, st, t, nan, e / mx, TOL);
+            int t1 = 0, t2 = -1;
+            for (int i = 1; i < rc->V; i++)
+                if (a[i] > a[t1]) t2 = t1, t1 = i;
+                else if (t2 < 0 || a[i] > a[t2]) t2 = i;
+            if (a[t1] - a[t2] > TOL * mx)
+                EXPECT(ks_argmax(b, rc->V) == t1, "%s TP %d step %d row %d: top-1 %d, CPU TP %d", name, N, st, t,
+                       ks_argmax(b, rc->V), t1);
+            const struct { const float *x, *y; int64_t n; } v[] = {
+                {rc->hidden[st] + (size_t)t * rc->H, rf->hidden[st] + (size_t)t * rc->H, rc->H},
+                {rc->aux[st] + (size_t)t * KS_NAUX * rc->H, rf->aux[st] + (size_t)t * KS_NAUX * rc->H, KS_NAUX * rc->H}};
+            for (int k = 0; k < 2; k++) {
+                double m = 0, d = 0;
+                for (int64_t i = 0; i < v[k].n; i++) m = fmax(m, fabs(v[k].x[i])), d = fmax(d, fabs((double)v[k].x[i] - v[k].y[i]));
+                EXPECT(d <= TOL_STATE * m, "%s TP %d step %d row %d: %s |diff| %.3g of max %.3g", name, N, st, t,
+                       k ? "aux" : "hidden", d, m);
+            }
+        }
+    return worst;
+}
+
 static void check_model(const char *name, const char *path, int N) {
-    ks_run r1, rc, rf;
+    ks_run r1, rc, rf, rg, rf2;
+    memset(&rg, 0, sizeof rg), memset(&rf2, 0, sizeof rf2);
     model_shard_info si = {0};
     const int viol0 = fake_violations;
-    const int ok1 = steps_on(name, path, 1, "cpu", &r1, NULL) == 0;
-    const int okc = steps_on(name, path, N, "cpu", &rc, NULL) == 0;
-    const int okf = steps_on(name, path, N, "fake", &rf, &si) == 0;
-    EXPECT(ok1 && okc && okf, "%s TP %d: a run failed (above)", name, N);
+    const int ok1 = steps_on(name, path, 1, "cpu", "auto", NULL, &r1, NULL) == 0;
+    const int okc = steps_on(name, path, N, "cpu", "auto", NULL, &rc, NULL) == 0;
+    /* the fake device must choose CPU TP's tokens by itself (its bits are the CPU's); a GPU is fed them. The GPU's
+     * logic also runs on the fake with KIMI_TP_GPU_LOGIC=1 (run_tp.sh kimi, where cuda_ipc is the real one) */
+    const char *gl = getenv("KIMI_TP_GPU_LOGIC");
+    const bool gpu_logic = !ON_FAKE || (gl && *gl && strcmp(gl, "0"));
+    const int okf = steps_on(name, path, N, "dev", dev_comm_name(), gpu_logic ? &rc : NULL, &rf, &si) == 0;
+    int okg = 1;
+    if (gpu_logic) /* GPU: shm staged == cuda_ipc bit for bit, and a rerun identical */
+        okg = okf && steps_on(name, path, N, "dev", "shm", &rc, &rg, NULL) == 0 &&
+              steps_on(name, path, N, "dev", dev_comm_name(), &rc, &rf2, NULL) == 0;
+    EXPECT(ok1 && okc && okf && okg, "%s TP %d: a run failed (above)", name, N);
     EXPECT(fake_violations == viol0, "%s: %d host pointers reached device ops on rank 0", name, fake_violations - viol0);
     if (ok1 && okc && okf) {
         hf_config hc;
@@ -225,35 +292,47 @@ static void check_model(const char *name, const char *path, int N) {
         const size_t differ = bits_differ(&rc, &rf);
         size_t total = 0;
         for (int st = 0; st < KS_NSTEP; st++) total += (size_t)rc.T[st] * ((size_t)rc.V + (1 + KS_NAUX) * (size_t)rc.H);
-        EXPECT(differ == 0, "%s TP %d: %zu of %zu logit / hidden / aux values of the fake device differ from CPU TP's "
-                            "bits", name, N, differ, total);
-        EXPECT(!memcmp(rc.tok, rf.tok, sizeof rc.tok), "%s TP %d: greedy tokens differ from CPU TP's", name, N);
-        const bool same1 = !memcmp(r1.tok, rf.tok, sizeof r1.tok);
-        EXPECT(same1, "%s TP %d: greedy tokens differ from TP 1's", name, N);
+        if (ON_FAKE) {
+            EXPECT(differ == 0, "%s TP %d: %zu of %zu logit / hidden / aux values of the fake device differ from CPU "
+                                "TP's bits", name, N, differ, total);
+            EXPECT(!memcmp(rc.tok, rf.tok, sizeof rc.tok), "%s TP %d: greedy tokens differ from CPU TP's", name, N);
+        }
+        if (gpu_logic && okg) {
+            const size_t dg = bits_differ(&rf, &rg), d2 = bits_differ(&rf, &rf2);
+            EXPECT(dg == 0, "%s TP %d: %zu values differ between cuda_ipc and shm (both the rank-order f32 sum)", name,
+                   N, dg);
+            EXPECT(d2 == 0, "%s TP %d: %zu values differ between two identical runs", name, N, d2);
+            const double e = gpu_vs_cpu(name, N, &rc, &rf);
+            printf("%-6s TP %d on %s: logits within %.3g of max|logit| of CPU TP %d (bound %g), hidden / aux "
+                   "within %g; %s == shm and a rerun bit for bit (%zu values)\n", name, N, DEV_NAME, e, N, TOL, TOL_STATE,
+                   dev_comm_name(), total);
+        }
+        const bool same1 = !memcmp(r1.tok, rc.tok, sizeof r1.tok);
+        EXPECT(same1, "%s TP %d: CPU TP's greedy tokens differ from TP 1's", name, N);
         double worst = 0, big = 0;
         for (int st = 0; st < KS_NSTEP; st++)
             for (int t = 0; t < r1.T[st]; t++) {
-                const float *a = r1.logits[st] + (size_t)t * r1.V, *b = rf.logits[st] + (size_t)t * r1.V;
+                const float *a = r1.logits[st] + (size_t)t * r1.V, *b = rc.logits[st] + (size_t)t * r1.V;
                 double mx = 0, e = 0;
                 for (int i = 0; i < r1.V; i++) mx = fmax(mx, fabs(a[i])), e = fmax(e, fabs((double)a[i] - b[i]));
                 worst = fmax(worst, e / mx), big = fmax(big, mx);
             }
         EXPECT(worst <= TOL, "%s TP %d: logits |diff| vs TP 1 %.3g of max|logit| > %g", name, N, worst, TOL);
-        printf("%-6s TP %d on the fake device (%s; %d of %d heads, LM-head rows %d of %d per rank): %zu logit / "
-               "hidden / aux values of %d steps, %zu differ from CPU TP %d's bits; greedy %s TP 1's; max|diff| vs TP 1 %.3g "
-               "of max|logit| (<= %.3g)\n",
-               name, N, tp_comm_kind_name(tp_fake_dev_comm()), si.n_heads, si.n_heads * N, si.vocab_rows, rc.V, total,
-               KS_NSTEP, differ, N, same1 ? "==" : "!=", worst, big);
+        printf("%-6s TP %d on %s (%s; %d of %d heads, LM-head rows %d of %d per rank): %zu logit / hidden / aux "
+               "values of %d steps, %zu differ from CPU TP %d's bits; CPU TP %d greedy %s TP 1's, max|diff| vs TP 1 "
+               "%.3g of max|logit| (<= %.3g)\n",
+               name, N, DEV_NAME, dev_comm_name(), si.n_heads, si.n_heads * N, si.vocab_rows, rc.V, total, KS_NSTEP,
+               differ, N, N, same1 ? "==" : "!=", worst, big);
     }
-    ks_free(&r1), ks_free(&rc), ks_free(&rf);
+    ks_free(&r1), ks_free(&rc), ks_free(&rf), ks_free(&rg), ks_free(&rf2);
 }
 
 /* k25 at TP 4: 16 of the experts' 64 input columns per rank would cut their int4 groups: refused at load. */
 static void check_refusal(const char *path) {
     specd_err err = {{0}};
     run r;
-    const int rc = run_open(&r, path, 4, "fake", &err);
-    printf("k25 TP 4 on the fake device: %s\n", rc < 0 ? err.msg : "(loaded)");
+    const int rc = run_open(&r, path, 4, "dev", dev_comm_name(), &err);
+    printf("k25 TP 4 on %s: %s\n", DEV_NAME, rc < 0 ? err.msg : "(loaded)");
     EXPECT(rc < 0 && strstr(err.msg, "cannot be split") && strstr(err.msg, "32-value block"),
            "k25 at TP 4 must be refused for the int4 groups: %s", err.msg);
     specd_err e2 = {{0}};
@@ -400,13 +479,14 @@ static void spec_run(run *r, spec_proposer *p, int nreq, const char *what, bool 
     EXPECT(st.kv_blocks_free == st.kv_blocks_total, "%s: %lld of %lld KV blocks free after the run", what,
            (long long)st.kv_blocks_free, (long long)st.kv_blocks_total);
     EXPECT(st.spec_num_draft_tokens_total > 0, "%s: nothing was drafted", what);
-    EXPECT(!r->on_dev || fake_kn_sample_calls > samples0, "%s: the engine did not sample on the device", what);
+    EXPECT(!ON_FAKE || !r->on_dev || fake_kn_sample_calls > samples0, "%s: the engine did not sample on the device",
+           what);
     if (oracle)
         EXPECT(st.spec_num_accepted_tokens_total > 0 && st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total,
                "%s: %lld of %lld drafts accepted: the oracle's verify steps must accept and reject", what,
                (long long)st.spec_num_accepted_tokens_total, (long long)st.spec_num_draft_tokens_total);
-    printf("k25    TP 2 on the fake device, %s: %d of %d requests == plain greedy (%lld drafts, %lld draft tokens, "
-           "%lld accepted, %lld steps)\n", what, same, nreq, (long long)st.spec_num_drafts_total,
+    printf("k25    TP 2 on %s, %s: %d of %d requests == plain greedy (%lld drafts, %lld draft tokens, "
+           "%lld accepted, %lld steps)\n", DEV_NAME, what, same, nreq, (long long)st.spec_num_drafts_total,
            (long long)st.spec_num_draft_tokens_total, (long long)st.spec_num_accepted_tokens_total,
            (long long)st.steps_total);
     engine_destroy(e);
@@ -421,8 +501,8 @@ static void check_spec(const char *root) {
     if (stat(cfgp, &sb) != 0) snprintf(head, sizeof head, "%s/head", root); /* no ../shared/data: the random head */
     specd_err err = {{0}};
     run r;
-    if (run_open(&r, path, 2, "fake", &err) < 0) {
-        EXPECT(0, "spec: k25 TP 2 on the fake device: %s", err.msg);
+    if (run_open(&r, path, 2, "dev", dev_comm_name(), &err) < 0) {
+        EXPECT(0, "spec: k25 TP 2 on %s: %s", DEV_NAME, err.msg);
         run_close(&r, &err);
         return;
     }
@@ -470,9 +550,21 @@ int main(int argc, char **argv) {
         printf("SKIP: KIMI_C_MINI_DIR unset or without the miniatures (the kimi_c_mini_setup fixture writes them)\n");
         return 77;
     }
+#if !ON_FAKE
+    char why[256];
+    if (bk_cuda_probe(0, why, sizeof why) != 0) {
+        printf("SKIP: no usable GPU: %s\n", why);
+        return 77;
+    }
+#endif
     const char *quick = getenv("KIMI_TP_QUICK");
     if (quick && *quick && strcmp(quick, "0")) { /* run_tp.sh under kn_emu: one case */
         check_model("wide8", wide, 2);
+    } else if (!ON_FAKE) { /* the GPU (gpu_check.sh's ctest_gpu budget): one model per width class */
+        check_model("k25", k25, 2);
+        check_model("wide8", wide, 4);
+        check_refusal(k25);
+        check_spec(root);
     } else {
         check_model("k25", k25, 2);
         check_model("wide8", wide, 2);

@@ -18,7 +18,8 @@
 # run_tp.sh BUILD_DIR kimi: tests/backend/test_cuda_kimi_tp.c instead (the
 # 8-head Kimi miniature at TP 2, KIMI_TP_QUICK=1; KIMI_C_MINI_DIR, default
 # BUILD_DIR/kimi_c_mini): DeepSeek-V3's collectives through cuda_ipc, every
-# logit / hidden / aux value == CPU TP's bits.
+# logit / hidden / aux value == CPU TP's bits, == the staged shm run's and a
+# rerun's (the GPU build's checks, KIMI_TP_GPU_LOGIC=1).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -33,8 +34,9 @@ inc="-I$here/include -I$root"
 tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
 tests="test_cuda_tp test_cuda_tp_sample"
 [ "${2:-}" = kimi ] && tests=test_cuda_kimi_tp
-for t in $tests; do
-    $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/$t.c" -o "$out/$t.o"
+for t in $tests; do # (test_cuda_kimi_tp.c is also built for a real GPU: the fake's header comes by -include)
+    $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -include "$root/tests/backend/cuda_fake/cuda_runtime_api.h" \
+        -c "$root/tests/backend/$t.c" -o "$out/$t.o"
 done
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/cuda_fake.c" -o "$out/cuda_fake.o"
 # the TP adapter compiled from the source here (not taken from BUILD_DIR's library, which may be older)
@@ -48,7 +50,9 @@ for t in $tests; do
         $libs -ljansson -lpcre2-8 -lcrypto -lpthread -lm
 done
 if [ "${2:-}" = kimi ]; then
-    export KIMI_C_MINI_DIR=${KIMI_C_MINI_DIR:-"$build/kimi_c_mini"} KIMI_TP_QUICK=1 SPECD_TP_TEST_COMM=cuda_ipc
+    # KIMI_TP_GPU_LOGIC=1: also the GPU build's checks (cuda_ipc == shm staged and a rerun, bit for bit)
+    export KIMI_C_MINI_DIR=${KIMI_C_MINI_DIR:-"$build/kimi_c_mini"} KIMI_TP_QUICK=1 SPECD_TP_TEST_COMM=cuda_ipc \
+        KIMI_TP_GPU_LOGIC=1
     echo "== backend_cuda_kimi_tp with --tp-comm cuda_ipc (kn_emu): the 8-head Kimi miniature at TP 2"
     exec "$out/test_cuda_kimi_tp"
 fi
