@@ -6,7 +6,7 @@ parallelism on GPU ranks"), so only the GPU itself, or a shard the model cannot 
 
 Without a usable GPU (ctest kimi_c_tp_cuda, label unit):
   - `serve k25 --device cuda --tensor-parallel-size 2` and `serve wide8 ... 4` exit non-zero within
-    REFUSE_BOUND_S naming a rank's GPU probe reason ("--device cuda: rank R: no usable GPU (device 0): <kn_probe's
+    30 s (test_tp_cuda.refuses) naming a rank's GPU probe reason ("--device cuda: rank R: no usable GPU (device 0): <kn_probe's
     reason>"), nothing mentions the old refusal ("CPU backend only", "DeepSeek"), no rank process is left;
   - the same model at TP 2 with --device cpu passes --check-config (the configuration itself is fine).
   With a usable GPU this mode exits 77 (the --gpu mode covers it).
@@ -45,7 +45,6 @@ from test_tp_cuda import refuses  # noqa: E402  (serve ARGS must exit non-zero n
 GPU = "--gpu" in sys.argv[1:]
 ROOT = os.environ.get("KIMI_C_MINI_DIR", os.path.join(sp.BUILD, "kimi_c_mini"))
 K25, WIDE = os.path.join(ROOT, "k25"), os.path.join(ROOT, "wide8")
-REFUSE_BOUND_S = 60.0
 TIE_NATS = 5e-2
 LP_BOUND = 5e-2
 PROMPTS = ["The capital of France is", "def fib(n):", "1 2 3 4 5", "Once upon a time"]
