@@ -43,8 +43,9 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
 /* ------------------------------------------------------------ device selection
  *
  * --device cpu: the CPU backend. --device cuda: the CUDA backend or a refusal
- * at start (no usable GPU: kn_probe's reason; or a configuration the GPU
- * cannot run yet: DeepSeek-V3). --device auto
+ * at start (a configuration the GPU cannot run yet, cuda_unsupported: said
+ * before the probe, which needs a GPU; then no usable GPU: kn_probe's
+ * reason). --device auto
  * (default): cuda when both would hold, else cpu with one log line saying
  * why. A draft head runs on the same cuda backend as its target (weights,
  * KV and buffers in the arena, planned below); only a head the GPU cannot
@@ -84,6 +85,7 @@ typedef struct dev_dims {
     /* DeepSeek-V3 / Kimi (deepseek): MLA and MoE shapes */
     int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head, experts, top_k, moe_inter, shared_inter;
     int64_t weight_bytes; /* estimate of the bytes weight_place copies */
+    int64_t replicated;   /* DeepSeek-V3: bytes of q_a / kv_a_proj_with_mqa / router every TP rank keeps whole */
 } dev_dims;
 
 static int64_t file_bytes(const char *p) {
@@ -143,6 +145,8 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
         d->v_head = hc.v_head, d->experts = hc.n_routed_experts, d->top_k = hc.n_experts_per_tok;
         d->moe_inter = hc.moe_intermediate, d->shared_inter = (int64_t)hc.moe_intermediate * hc.n_shared_experts;
         d->n_kv_heads = 1, d->head_dim = hc.kv_lora_rank + hc.qk_rope;
+        d->replicated = 2 * d->n_layers * d->hidden * ((hc.q_lora_rank > 0 ? hc.q_lora_rank : 0) + d->head_dim +
+                                                       d->experts); /* bf16, a router on every layer at most */
     }
     DIR *dp = opendir(dir);
     if (!dp) return specd_err_set(err, "%s: cannot list", dir);
@@ -161,15 +165,13 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
 }
 
 /* Why this configuration cannot run on the GPU today ("" if it can). DeepSeek-V3 / Kimi runs there
- * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent. */
+ * (deepseek_v3_fwd.c on device tensors) when kn_mla takes its latent, at any TP size whose shard the model
+ * can cut (tp_shard.c refuses the rest at load with the reason: heads, MLP widths, int4 groups). */
 static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *why, size_t n) {
     why[0] = '\0';
     if (cfg->max_num_batched_tokens > BK_CUDA_MAX_STEP_TOKENS)
         snprintf(why, n, "--max-num-batched-tokens %d: a step on the CUDA backend carries at most %d tokens (the grid "
                  "limit of its row kernels)", cfg->max_num_batched_tokens, BK_CUDA_MAX_STEP_TOKENS);
-    else if (d->deepseek && cfg->tensor_parallel_size > 1)
-        snprintf(why, n, "DeepSeek-V3 / Kimi at --tensor-parallel-size %d runs on the CPU backend only for now "
-                 "(its device forward is tested at TP 1)", cfg->tensor_parallel_size);
     else if (d->deepseek && (d->kv_lora > BK_CUDA_MLA_MAX_KVL || d->kv_lora % 2 || d->qk_rope % 2 ||
                              d->head_dim > BK_CUDA_MAX_HEAD_DIM))
         snprintf(why, n, "MLA latent of kv_lora_rank %lld + rope %lld: the CUDA MLA kernel takes an even kv_lora_rank "
@@ -178,6 +180,15 @@ static void cuda_unsupported(const specd_config *cfg, const dev_dims *d, char *w
     else if (d->head_dim > BK_CUDA_MAX_HEAD_DIM)
         snprintf(why, n, "head_dim %lld exceeds the CUDA attention kernel's %d", (long long)d->head_dim,
                  BK_CUDA_MAX_HEAD_DIM);
+}
+
+/* The model's dims for the GPU plan (*d) and why this configuration cannot run on the GPU (why[0] != 0). */
+static int dev_dims_check(const char *model_path, const specd_config *cfg, dev_dims *d, char *why, size_t n,
+                          specd_err *err) {
+    if ((is_dir(model_path) ? dims_hf(model_path, d, err) : dims_gguf(model_path, d, err)) < 0)
+        return specd_err_wrap(err, "reading %s to plan GPU memory", model_path);
+    cuda_unsupported(cfg, d, why, n);
+    return 0;
 }
 
 /* The EAGLE-3 head next to a cuda target: whether it can run on the GPU
@@ -239,8 +250,9 @@ static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64
  * on one device split --gpu-memory-utilization's share of it evenly (each
  * plans util x total / K and keeps its own reserve: each process has its own
  * CUDA context); each plans its shard: weights / N plus the replicated
- * embedding, its KV heads, its heads. The KV pools are then made equal (the
- * smallest) by specd_tp_agree. No CUDA graphs at TP > 1 yet (the collectives
+ * embedding (and DeepSeek-V3's replicated low-rank projections and routers),
+ * its KV heads (MLA: the one latent, whole), its heads, its expert width.
+ * The KV pools are then made equal (the smallest) by specd_tp_agree. No CUDA graphs at TP > 1 yet (the collectives
  * between the ops are not captured), and the draft head runs whole on rank
  * 0's CPU (not split across GPU ranks yet). */
 static int bundle_backend(const char *model_path, const specd_config *cfg, int rank, int world, specd_bundle *b,
@@ -254,6 +266,11 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     if (world > 1 && fault && *fault && atoi(fault) == rank)
         return specd_err_set(err, "rank %d: device start failed (SPECD_FAULT_TP_DEVICE_FAIL)", rank);
     if (!strcmp(want, "cpu")) goto cpu;
+    /* --device cuda: a configuration the GPU cannot run is refused before the probe (knowing it needs no GPU);
+     * auto asks the GPU first, so a machine without one falls back without reading the model for a plan */
+    dev_dims d = {0};
+    if (must && dev_dims_check(model_path, cfg, &d, why, sizeof why, err) < 0) return -1;
+    if (why[0]) return specd_err_set(err, "--device cuda: %s (use --device cpu)", why);
     const int n_dev = world > 1 ? bk_cuda_device_count() : 1;
     const int dev = n_dev > 0 ? rank % n_dev : 0;
     const int on_dev = n_dev > 0 ? world / n_dev + (dev < world % n_dev) : 1; /* ranks sharing this device */
@@ -264,14 +281,12 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
         LOG_INFO("device auto: cpu (no usable GPU: %s)", why);
         goto cpu;
     }
-    dev_dims d = {0};
-    if ((is_dir(model_path) ? dims_hf(model_path, &d, err) : dims_gguf(model_path, &d, err)) < 0)
-        return specd_err_wrap(err, "reading %s to plan GPU memory", model_path);
-    cuda_unsupported(cfg, &d, why, sizeof why);
-    if (why[0]) {
-        if (must) return specd_err_set(err, "--device cuda: %s (use --device cpu)", why);
-        LOG_INFO("device auto: cpu (a GPU is usable, but %s)", why);
-        goto cpu;
+    if (!must) {
+        if (dev_dims_check(model_path, cfg, &d, why, sizeof why, err) < 0) return -1;
+        if (why[0]) {
+            LOG_INFO("device auto: cpu (a GPU is usable, but %s)", why);
+            goto cpu;
+        }
     }
     size_t fr = 0, tot = 0;
     if (bk_cuda_mem_info(dev, &fr, &tot, err) < 0) return -1;
@@ -284,11 +299,18 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
                              on_dev > 1 ? " (its share of the GPU's ranks)" : "", (double)fr / (1 << 30),
                              (double)tot / (1 << 30), dev);
     if (world > 1) { /* this rank's shard (engine/model/tp_shard.c) */
-        const int64_t emb = d.vocab * d.hidden * 4 < d.weight_bytes ? d.vocab * d.hidden * 4 : d.weight_bytes;
-        d.weight_bytes = d.weight_bytes / world + emb - emb / world; /* + the replicated embedding */
+        /* replicated on every rank: the embedding (f32 for a GGUF's K-quants; DeepSeek-V3's checkpoints are
+         * bf16) and DeepSeek-V3's low-rank down-projections and routers (dev_dims.replicated) */
+        const int64_t eb = d.vocab * d.hidden * (d.deepseek ? 2 : 4);
+        const int64_t emb = eb + d.replicated < d.weight_bytes ? eb + d.replicated : d.weight_bytes;
+        d.weight_bytes = (d.weight_bytes - emb) / world + emb;
         if (d.n_heads % world == 0) d.n_heads /= world;
-        d.n_kv_heads = d.n_kv_heads % world == 0 ? d.n_kv_heads / world : 1;
+        d.n_kv_heads = d.n_kv_heads % world == 0 ? d.n_kv_heads / world : 1; /* MLA: the one latent, replicated */
         if (d.ffn % world == 0) d.ffn /= world;
+        if (d.deepseek) { /* every expert and the shared experts split inside (what tp_shard.c cannot cut it refuses) */
+            if (d.moe_inter % world == 0) d.moe_inter /= world;
+            if (d.shared_inter % world == 0) d.shared_inter /= world;
+        }
     }
     const int64_t max_len = cfg->max_model_len > 0 ? cfg->max_model_len : (d.max_pos > (1 << 24) ? 1 << 24 : d.max_pos);
     const int64_t T = cfg->max_num_batched_tokens, H = d.hidden, qd = d.n_heads * d.head_dim,

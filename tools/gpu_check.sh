@@ -5,7 +5,8 @@
 # labelled `gpu` (kernels vs the CPU backend, batch invariance) and `build`
 # (ptxas spill check; the gpu label includes `specd serve --device cuda
 # --tensor-parallel-size 2` on the one GPU, server_tp_cuda_gpu, and the
-# 2-process NCCL smoke comm_nccl_gpu), runs the kernel benchmark, and writes
+# 2-process NCCL smoke comm_nccl_gpu), serves the Kimi miniature as 2 and 4
+# ranks on the one GPU (kimi_tp_server), runs the kernel benchmark, and writes
 #   OUT_DIR/summary.json  per-test pass / fail / skip / not_run (+ the reason),
 #                         each step's exit code and time, the bench figures
 #   OUT_DIR/log.txt       everything the steps printed
@@ -113,14 +114,25 @@ elif [ "$PHASE" != bench ]; then
         run_step twin 90 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/twin" --smollm2-shape
         run_step hf_mini 30 python3 "$ROOT/tools/gen_llama_hf_mini.py" "$BUILD/model_hf_mini" \
             --expect "$ROOT/tests/fixtures/model_hf/ref.json"
-        # the Kimi miniature (numpy; tokenizer files only where shared/data travelled) for cuda_kimi / cuda_kimi_spec
-        run_step kimi_mini 90 python3 "$ROOT/tests/kimi_c/make_minis.py" "$BUILD/kimi_c_mini"
+        # the Kimi miniature (numpy; tokenizer files only where shared/data travelled: ../shared/data/kimi-k2
+        # beside the checkout, or shared/data/kimi-k2 inside it, the copy that travels to a lent machine) for
+        # cuda_kimi / cuda_kimi_spec and the served miniature below
+        kd=${SPECD_KIMI_DATA:-}
+        [ -z "$kd" ] && [ -f "$ROOT/shared/data/kimi-k2/tiktoken.model" ] && kd=$ROOT/shared/data/kimi-k2
+        run_step kimi_mini 90 env ${kd:+SPECD_KIMI_DATA="$kd"} python3 "$ROOT/tests/kimi_c/make_minis.py" \
+            "$BUILD/kimi_c_mini"
     fi
-    run_step ctest_gpu 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 280 \
-        --output-junit "$OUT/ctest_gpu.xml"
+    # (the served Kimi miniature at TP 2 / 4 is its own step below, with its own timeout)
+    run_step ctest_gpu 300 ctest --test-dir "$BUILD" -L gpu -E '^kimi_c_tp_cuda_gpu$' --output-on-failure \
+        --timeout 280 --output-junit "$OUT/ctest_gpu.xml"
     # `specd serve --device cuda` on the Kimi miniature (issue 19; skips 77 without its tokenizer files)
     run_step kimi_device_server 90 env SPECD_BIN="$BUILD/server/specd" KIMI_C_MINI_DIR="$BUILD/kimi_c_mini" \
         python3 "$ROOT/tests/kimi_c/test_device_server.py"
+    # the 8-head Kimi miniature served as 2 and 4 ranks on this ONE GPU vs TP 1 (issues 18 + 19): greedy
+    # identical (near-ties aside), logprobs within 5e-2 nats, cuda_ipc == shm bitwise, rerun identical
+    # (ctest kimi_c_tp_cuda_gpu; skips 77 without the miniature's tokenizer files)
+    run_step kimi_tp_server 90 env SPECD_BIN="$BUILD/server/specd" KIMI_C_MINI_DIR="$BUILD/kimi_c_mini" \
+        python3 "$ROOT/tests/kimi_c/test_tp_cuda_server.py" --gpu
 fi
 
 # --- benchmarks (each exits 77 without a GPU)
@@ -193,6 +205,11 @@ for name, st in steps.items():  # direct mode: one step per test binary
     if t["result"] != "pass" and (reason or lines):
         t["reason"] = (reason or lines[-1:])[0][:300]
     tests.append(t)
+for name in ("kimi_device_server", "kimi_tp_server"):  # the served-miniature steps (not in gpu.usable: without a
+    if name in steps:                                     # GPU the first passes its refusal checks)
+        st = steps[name]
+        tests.append({"name": name, "label": "serve", "seconds": st["seconds"],
+                      "result": {"ok": "pass", "skip": "skip", "not_run": "not_run"}.get(st["status"], "fail")})
 versions = {}
 vp = os.path.join(out, "versions.txt")
 if os.path.exists(vp):

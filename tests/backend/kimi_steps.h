@@ -13,7 +13,8 @@
  * sequence's last logits row in the run that chooses them (ks_run with
  * forced == NULL: the CPU reference), and a replay (forced = that run) feeds
  * the same tokens, so two backends see identical inputs even where their
- * logits differ in the last bits.
+ * logits differ in the last bits. ks_do_fwd runs the steps through another
+ * forward (a tensor-parallel group's tp_runner_forward, test_cuda_kimi_tp.c).
  */
 #ifndef SPECD_TESTS_BACKEND_KIMI_STEPS_H
 #define SPECD_TESTS_BACKEND_KIMI_STEPS_H
@@ -60,11 +61,15 @@ static inline const int32_t *const *ks_tables(void) {
     return tabs;
 }
 
-/* Runs the steps on m. forced: a previous run whose tokens are fed (NULL: choose greedily). Returns 0, or
+/* The forward a run goes through: NULL = model_forward(m, ...). */
+typedef int (*ks_forward_fn)(void *ctx, const model_batch *b, specd_err *err);
+
+/* Runs the steps on m (through fwd(ctx, ...) when fwd is set). forced: a previous run whose tokens are fed (NULL: choose greedily). Returns 0, or
  * -1 with the message printed. step_hook (may be NULL) is called after each step with its index. hidden:
  * ask for the final hidden states (false: r->hidden stays unwritten; a step asking for them never replays a
  * CUDA graph, model.h). */
-static inline int ks_do_ex(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step), bool hidden) {
+static inline int ks_do_fwd(model *m, ks_forward_fn fwd, void *ctx, const ks_run *forced, ks_run *r,
+                            void (*step_hook)(int step), bool hidden) {
     const model_config *mc = model_get_config(m);
     const int32_t V = mc->vocab, H = mc->hidden;
     memset(r, 0, sizeof *r);
@@ -115,13 +120,17 @@ static inline int ks_do_ex(model *m, const ks_run *forced, ks_run *r, void (*ste
                          .n_out = T, .out_idx = oi, .logits = r->logits[st], .final_hidden = hidden ? r->hidden[st] : NULL,
                          .n_aux = KS_NAUX, .aux_layers = KS_AUX_LAYERS, .aux = r->aux[st]};
         specd_err err = {{0}};
-        if (model_forward(m, &b, &err) < 0) {
+        if ((fwd ? fwd(ctx, &b, &err) : model_forward(m, &b, &err)) < 0) {
             printf("step %d: model_forward: %s\n", st, err.msg);
             return -1;
         }
         if (step_hook) step_hook(st);
     }
     return 0;
+}
+
+static inline int ks_do_ex(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step), bool hidden) {
+    return ks_do_fwd(m, NULL, NULL, forced, r, step_hook, hidden);
 }
 
 static inline int ks_do(model *m, const ks_run *forced, ks_run *r, void (*step_hook)(int step)) {

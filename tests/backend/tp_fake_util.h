@@ -1,6 +1,6 @@
 /*
  * tp_fake_util.h: what the fake-device TP tests (test_cuda_tp.c,
- * test_cuda_tp_sample.c) share: the device ranks' communicator choice and
+ * test_cuda_tp_sample.c, test_cuda_kimi_tp.c) share: the device ranks' communicator choice and
  * rank 0's teardown of a group, in the one order that is safe.
  */
 #ifndef SPECD_TESTS_TP_FAKE_UTIL_H

@@ -15,6 +15,11 @@
 # emulation's cudart. BUILD_DIR: a configured specd build with the engine's
 # and draft's static libraries built. Runs the HF minis (MODEL_HF_MINI_DIR,
 # default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation).
+# run_tp.sh BUILD_DIR kimi: tests/backend/test_cuda_kimi_tp.c instead (the
+# 8-head Kimi miniature at TP 2, KIMI_TP_QUICK=1; KIMI_C_MINI_DIR, default
+# BUILD_DIR/kimi_c_mini): DeepSeek-V3's collectives through cuda_ipc, every
+# logit / hidden / aux value == CPU TP's bits, == the staged shm run's and a
+# rerun's (the GPU build's checks, KIMI_TP_GPU_LOGIC=1).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -27,20 +32,30 @@ inc="-I$here/include -I$root"
 . "$here/comm_objs.sh" # kn_allreduce.o, kn_emu_runtime.o, $objs
 # the test and the fake device: the project's own include path (the fake's header comes first by name)
 tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
-$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp.c" -o "$out/test_cuda_tp.o"
-$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp_sample.c" \
-    -o "$out/test_cuda_tp_sample.o"
+tests="test_cuda_tp test_cuda_tp_sample"
+[ "${2:-}" = kimi ] && tests=test_cuda_kimi_tp
+for t in $tests; do # (test_cuda_kimi_tp.c is also built for a real GPU: the fake's header comes by -include)
+    $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -include "$root/tests/backend/cuda_fake/cuda_runtime_api.h" \
+        -c "$root/tests/backend/$t.c" -o "$out/$t.o"
+done
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/cuda_fake.c" -o "$out/cuda_fake.o"
 # the TP adapter compiled from the source here (not taken from BUILD_DIR's library, which may be older)
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off -I"$root" -c "$root/engine/runtime/tp.c" -o "$out/tp.o"
 lib="$build/engine"
 libs="$build/draft/libspecd_draft.a $lib/libspecd_runtime.a $lib/libspecd_model.a $lib/libspecd_tokenizer.a
       $lib/libspecd_loader.a $lib/libspecd_backend.a $build/kernels/libspecd_kn_pack.a $lib/libspecd_util.a"
-for t in test_cuda_tp test_cuda_tp_sample; do
+for t in $tests; do
     # shellcheck disable=SC2086
     $CXX -o "$out/$t" "$out/$t.o" "$out/cuda_fake.o" "$out/tp.o" $objs "$out/kn_allreduce.o" "$out/kn_emu_runtime.o" \
         $libs -ljansson -lpcre2-8 -lcrypto -lpthread -lm
 done
+if [ "${2:-}" = kimi ]; then
+    # KIMI_TP_GPU_LOGIC=1: also the GPU build's checks (cuda_ipc == shm staged and a rerun, bit for bit)
+    export KIMI_C_MINI_DIR=${KIMI_C_MINI_DIR:-"$build/kimi_c_mini"} KIMI_TP_QUICK=1 SPECD_TP_TEST_COMM=cuda_ipc \
+        KIMI_TP_GPU_LOGIC=1
+    echo "== backend_cuda_kimi_tp with --tp-comm cuda_ipc (kn_emu): the 8-head Kimi miniature at TP 2"
+    exec "$out/test_cuda_kimi_tp"
+fi
 export MODEL_HF_MINI_DIR=${MODEL_HF_MINI_DIR:-"$build/model_hf_mini"} SPECD_MODEL_GGUF= SPECD_TP_TEST_COMM=cuda_ipc
 echo "== backend_cuda_tp with --tp-comm cuda_ipc (kn_emu)"
 "$out/test_cuda_tp"
