@@ -327,11 +327,17 @@ static void near_end(model *mc, const char *dir) {
     spec_proposer *pa = NULL, *pb = NULL;
     eagle3_opts o = {.n_blocks = 32, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
     static const int32_t gb[1] = {2};
+    long cap0 = fake_captured_launches;
     if (!md || eagle3_load(dir, mc, &o, &pa, &err) < 0 || eagle3_load(dir, md, &o, &pb, &err) < 0 ||
-        eagle3_graphs_capture(pb, &(eagle3_graph_opts){.buckets = gb, .n_buckets = 1, .k = 5}, &err) < 0) {
+        (cap0 = fake_captured_launches,
+         eagle3_graphs_capture(pb, &(eagle3_graph_opts){.buckets = gb, .n_buckets = 1, .k = 5}, &err) < 0)) {
         EXPECT(0, "near the end: setup: %s", err.msg);
         goto out;
     }
+    /* the graphs of k = 1..5 hold 15 LM-head + argmax steps and 10 layer calls; the memory plan estimates 24
+     * kernel nodes per step (eagle3_graphs_nodes) */
+    printf("chain graphs of k = 1..5, bucket 2: %ld kernel nodes captured (the plan's estimate: %zu)\n",
+           fake_captured_launches - cap0, eagle3_graphs_nodes(1, 5, 1));
     int32_t layers[8], tables[2][8];
     pa->ops->aux_layers(pa->ctx, layers);
     float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
