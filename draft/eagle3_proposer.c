@@ -33,7 +33,7 @@
  * allocated at load (e3_buf: feature rows, fc / layer outputs, tokens, gather
  * indices, the chain's hidden rows, logits and drafted ids). With CUDA graphs
  * (eagle3_graphs_capture: per row bucket, per k in 1..K, per length class) a greedy chain of any
- * k_max <= K is one graph launch of exactly k_max steps. A propose on a device backend uploads each chunk's
+ * k_max <= K is one graph launch of exactly the steps its longest chain needs. A propose on a device backend uploads each chunk's
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
  * gather_rows) and downloads the drafted ids ONCE at the end; only a
