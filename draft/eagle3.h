@@ -61,6 +61,7 @@
 #define SPECD_DRAFT_EAGLE3_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "draft/eagle3_config.h"
@@ -120,24 +121,55 @@ int eagle3_hot_vocab_check(const char *path, int64_t target_vocab, specd_err *er
 /* "auto" | "input" | "output" -> convention; -1 with err otherwise. */
 int eagle3_aux_convention_parse(const char *s, eagle3_aux_convention *out, specd_err *err);
 
-/* CUDA graphs of the chain draft loop (docs/engine.md "Capturing the draft
- * loop"), on a device backend with graph metadata slots: per row bucket
- * BUCKETS[0 .. n) (ascending, each <= max_seqs; the backend must hold
- * bucket + 1 sequences) one graph of K steps (LM head, argmax + d2t, and
- * the layer fed the drafted ids at metadata slot j + 1), captured now (at
- * load, before the engine reads the KV pools). A propose whose chain rows
- * are all greedy with k_max == K, fitting a bucket, replays it: its rows
- * padded to the bucket (padding rows at position 0 of one draft KV block
- * held for them), every row running all K steps (the host keeps the first
- * k of each; their extra steps run at the last position of their own k
- * drafts, L + k - 1, or L + 1 at k = 1, so a sequence near the end of the
- * context stays within the backend's positions; their extra KV entries are
- * speculative ones), one metadata
- * upload per slot, ONE graph launch, one download of the ids. Anything
- * else runs the eager chain. Returns 0, or -1 with err (nothing kept). */
-int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err);
+/* CUDA graphs of the chain draft loop (docs/engine.md "The chain draft loop
+ * as CUDA graphs"), on a device backend with graph metadata slots. Per row
+ * bucket (ascending, each <= max_seqs; the backend must hold bucket + 1
+ * sequences), per step count k in 1 .. K and, for k >= 2, per length class
+ * (model_graph_len_classes(max_len, len_floor): max_len, / 4, / 16, ... at
+ * most 4; max_len 0: one class, the backend's bound), one graph of k steps
+ * (LM head, argmax + d2t, and but after the last the layer fed the drafted
+ * ids at metadata slot j + 1), captured now (at load, before the engine
+ * reads the KV pools). A k = 1 graph has no layer call (no positions), so
+ * one class serves every length.
+ * Which propose replays: every chain row of the group greedy, the rows
+ * fitting a bucket; it replays the graph of k_g = the LARGEST k among the
+ * group's rows (not the call's k_max: a group whose rows all draft fewer
+ * runs no step more than they need), in the smallest bucket B >= its rows
+ * and the smallest class above the positions it writes. Its rows are padded
+ * to B (padding rows at position 0 of one draft KV block held for them);
+ * every row runs all k_g steps (the host keeps the first k of each; a row's
+ * extra steps run at the last position of its own k drafts, L + k - 1, or
+ * L + 1 at k = 1, so a sequence near the end of the context stays within the
+ * backend's positions; their extra KV entries are speculative ones); one
+ * metadata upload per slot, ONE graph launch, one download of the ids.
+ * Anything else runs the eager chain. Returns 0, or -1 with err (nothing
+ * kept). Logs what it captured (graphs, classes, capture time). */
+typedef struct eagle3_graph_opts {
+    const int32_t *buckets;   /* [n_buckets] rows per graph, ascending */
+    int32_t n_buckets;
+    int32_t k;                /* K: graphs for every k in 1 .. K (K <= min(15, max_k)) */
+    int32_t max_len;          /* > 0: length classes below it (the target's --max-model-len); 0: none */
+    int32_t len_floor;        /* the smallest class (<= 0: 2048, as the target's graphs) */
+} eagle3_graph_opts;
+int eagle3_graphs_capture(spec_proposer *p, const eagle3_graph_opts *o, specd_err *err);
 void eagle3_graphs_release(spec_proposer *p); /* NULL ok; proposes run eagerly afterwards */
 long eagle3_graph_replays(const spec_proposer *p); /* proposes (groups) served by a graph launch */
+
+typedef struct eagle3_graph_stats {
+    int32_t n_graphs;         /* captured */
+    int32_t n_classes;        /* length classes of the k >= 2 graphs */
+    int32_t classes[4];       /* their bounds, descending (0: the backend's bound) */
+    long replays;             /* chain groups served by one graph launch */
+    long replays_k[16];       /* of which by the graph of k steps */
+    long short_replays;       /* of which in a class below the largest */
+    long eager;               /* greedy chain groups that fit no graph (ran eagerly) */
+    int32_t last_B, last_k;   /* the last replay's bucket and steps */
+    int32_t last_L;           /* the class of the last replay of k >= 2 (0: the backend's bound) */
+} eagle3_graph_stats;
+void eagle3_graph_get_stats(const spec_proposer *p, eagle3_graph_stats *out); /* zeroes without graphs */
+/* Kernel nodes the graphs of eagle3_graphs_capture hold, estimated for the memory plan (about 24 per step:
+ * the layer, the LM head, argmax): per bucket sum over k = 1..K of 24 k, the k >= 2 ones per class. */
+size_t eagle3_graphs_nodes(int32_t n_buckets, int32_t k, int32_t n_classes);
 
 /* The head behind a proposer made by eagle3_load (introspection, tests). */
 struct eagle3_head *eagle3_proposer_head(spec_proposer *p);

@@ -32,7 +32,8 @@
  * host; everything the forward touches lives in the head's backend memory,
  * allocated at load (e3_buf: feature rows, fc / layer outputs, tokens, gather
  * indices, the chain's hidden rows, logits and drafted ids). With CUDA graphs
- * (eagle3_graphs_capture) a greedy chain of K steps is one graph launch. A propose on a device backend uploads each chunk's
+ * (eagle3_graphs_capture: per row bucket, per k in 1..K, per length class) a greedy chain of any
+ * k_max <= K is one graph launch of exactly the steps its longest chain needs. A propose on a device backend uploads each chunk's
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
  * gather_rows) and downloads the drafted ids ONCE at the end; only a
@@ -48,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "draft/eagle3.h"
 #include "draft/eagle3_head.h"
@@ -102,12 +104,13 @@ typedef struct e3_proposer {
     int32_t *ffree, n_ffree;   /* free chunk ids (a stack) */
     bk_tensor src_aux;         /* the target's fixed aux buffer (model_aux_device), data NULL when none */
     bool pool_warned;
-    /* CUDA graphs of the chain (eagle3_graphs_capture): per row bucket B, gk steps; NULL when none */
-    struct { int32_t B; void *exec; } *gr;
+    /* CUDA graphs of the chain (eagle3_graphs_capture): per row bucket B, per step count k in 1 .. gk, per
+     * length class L (k >= 2; 0: the backend's bound); sorted by B, then k, then L ascending (0 last) */
+    struct { int32_t B, k, L; void *exec; } *gr;
     int32_t n_gr, gk;
     int32_t gr_pad;            /* the padding rows' draft KV block (held while graphs exist) */
     void *gr_x0;               /* the buffer the graphs read the chain's first rows from (P->hA.p at capture) */
-    long gr_replays;
+    eagle3_graph_stats gst;
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -683,23 +686,24 @@ done:
     return rc;
 }
 
-/* ------------------------------------------------------------ the chain as a CUDA graph */
+/* ------------------------------------------------------------ the chain as CUDA graphs */
 
-/* The captured ops of a chain of gk steps over B rows (every row runs every step, no compaction): per step
- * the LM head, argmax + d2t into the ids buffer's slice j (4-aligned), and the layer at metadata slot j + 1
- * fed slice j; the hidden rows alternate between gr_x0 and the other chain buffer. am[s] (s = 1 .. gk - 1)
- * are the slots' uploaded metadata; pos / seq_of / tables describe them to eagle3_layer_t's host checks. */
-static int graph_ops(e3_proposer *P, int32_t B, bk_attn_meta *am, const int32_t *pos, const int32_t *seq_of,
-                     const int32_t *const *tables, specd_err *err) {
+/* The captured ops of a chain of K steps over B rows (every row runs every step, no compaction): per step
+ * the LM head, argmax + d2t into the ids buffer's slice j (4-aligned), and but after the last the layer at
+ * metadata slot j + 1 fed slice j; the hidden rows alternate between gr_x0 and the other chain buffer. am[s]
+ * (s = 1 .. K - 1) are the slots' uploaded metadata; pos / seq_of / tables describe them to eagle3_layer_t's
+ * host checks. */
+static int graph_ops(e3_proposer *P, int32_t B, int32_t K, bk_attn_meta *am, const int32_t *pos,
+                     const int32_t *seq_of, const int32_t *const *tables, specd_err *err) {
     const int32_t H = P->H, Vd = P->Vd, pad = (B + 3) & ~3;
     float *x[2] = {P->gr_x0, P->gr_x0 == P->hA.p ? P->hB.p : P->hA.p};
     const bk_tensor *d2t = eagle3_head_d2t(P->head);
-    for (int32_t j = 0; j < P->gk; j++) {
+    for (int32_t j = 0; j < K; j++) {
         bk_tensor ht = bk_wrap_f32(x[j & 1], B, H), lt = bk_wrap_f32(P->lg.p, B, Vd);
         bk_tensor dj = bk_wrap_i32((int32_t *)P->dr.p + (size_t)j * pad, B, 1);
         if (eagle3_logits_t(P->head, &ht, &lt, err) < 0) return -1;
         if (P->be->ops->argmax(P->be->ctx, &lt, d2t, &dj) < 0) return specd_err_set(err, "eagle3 graph: argmax failed");
-        if (j + 1 == P->gk) break;
+        if (j + 1 == K) break;
         eagle3_rows er = {B, NULL, pos + (size_t)(j + 1) * B, seq_of, B + 1, tables, am[j + 1].dev};
         bk_tensor ot = bk_wrap_f32(x[(j + 1) & 1], B, H);
         if (eagle3_layer_t(P->head, &er, &dj, &ht, &ot, err) < 0) return -1;
@@ -707,23 +711,25 @@ static int graph_ops(e3_proposer *P, int32_t B, bk_attn_meta *am, const int32_t 
     return 0;
 }
 
-/* Uploads the gk - 1 metadata slots of a chain over B rows: real rows r < nr at positions min(L[r] + s,
- * top[r]) of their own sequence r (tables[r]), padding rows at position 0 of sequence B (the padding block).
- * pos [gk, B]. top[r] is the last position the row's own drafts need (chain_graph): a row with fewer drafts
- * than the graph's steps runs its extra steps there, never past the positions the eager chain would use. */
-static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, const int32_t *top, int32_t *pos,
-                      int32_t *seq_of, const int32_t **tables, bk_attn_meta *am, specd_err *err) {
+/* Uploads the K - 1 metadata slots of a chain of K steps over B rows: real rows r < nr at positions
+ * min(L[r] + s, top[r]) of their own sequence r (tables[r]), padding rows at position 0 of sequence B (the
+ * padding block). pos [K, B]. top[r] is the last position the row's own drafts need (chain_graph): a row with
+ * fewer drafts than the graph's steps runs its extra steps there, never past the positions the eager chain
+ * would use. The caller has set the graph's length class (fixed_len): a position past it is refused here. */
+static int graph_meta(e3_proposer *P, int32_t B, int32_t K, int32_t nr, const int32_t *L, const int32_t *top,
+                      int32_t *pos, int32_t *seq_of, const int32_t **tables, bk_attn_meta *am, specd_err *err) {
     const bk_graph_ops *go = P->be->ops->graph;
     for (int32_t r = 0; r < B; r++) seq_of[r] = r < nr ? r : B;
     for (int32_t r = nr; r < B; r++) tables[r] = NULL; /* unused rows (no token names them) */
     tables[B] = &P->gr_pad;
-    for (int32_t sl = 1; sl < P->gk; sl++) {
+    for (int32_t sl = 1; sl < K; sl++) {
         int32_t *ps = pos + (size_t)sl * B;
         for (int32_t r = 0; r < B; r++) ps[r] = r < nr ? (L[r] + sl < top[r] ? L[r] + sl : top[r]) : 0;
         am[sl] = (bk_attn_meta){B, ps, seq_of, tables, B + 1, NULL, NULL};
         if (go->meta_slot(P->be->ctx, sl) < 0 || P->be->ops->meta_upload(P->be->ctx, &am[sl]) < 0) {
             go->meta_slot(P->be->ctx, 0);
             for (int32_t t = 1; t < sl; t++) P->be->ops->meta_release(P->be->ctx, &am[t]);
+            for (int32_t t = 1; t < K; t++) am[t].dev = NULL;
             return specd_err_set(err, "eagle3 graph: metadata slot %d upload failed", sl);
         }
     }
@@ -731,55 +737,92 @@ static int graph_meta(e3_proposer *P, int32_t B, int32_t nr, const int32_t *L, c
     return 0;
 }
 
-static void graph_meta_release(e3_proposer *P, bk_attn_meta *am) {
-    for (int32_t sl = 1; sl < P->gk; sl++)
+static void graph_meta_release(e3_proposer *P, int32_t K, bk_attn_meta *am) {
+    for (int32_t sl = 1; sl < K; sl++)
         if (am[sl].dev) P->be->ops->meta_release(P->be->ctx, &am[sl]);
 }
 
-/* The chain of rows hA[0, nr) (rows[r] = index in S) as one graph launch when a captured bucket fits, every
- * row greedy and k_max == gk: 1 done (out_tokens filled), 0 = not applicable (run it eagerly), -1 failed. */
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Sets (or, with L < 0, clears) the backend's fixed-shape mode at length class L. */
+static void graph_shape(e3_proposer *P, int32_t L) {
+    const bk_graph_ops *go = P->be->ops->graph;
+    go->fixed_shape(P->be->ctx, L >= 0);
+    if (go->fixed_len) go->fixed_len(P->be->ctx, L > 0 ? L : 0);
+}
+
+/* The graph for nr rows, kg steps, positions < len: the smallest bucket, then the smallest class that holds
+ * them (entries sorted by B, k, L with 0 = the backend's bound last); -1 when none. */
+static int32_t graph_pick(const e3_proposer *P, int32_t nr, int32_t kg, int32_t len) {
+    int32_t B = -1;
+    for (int32_t i = 0; i < P->n_gr; i++) {
+        if (P->gr[i].B < nr || P->gr[i].k != kg || (B >= 0 && P->gr[i].B != B)) continue;
+        B = P->gr[i].B;
+        if (P->gr[i].L == 0 || len <= P->gr[i].L) return i;
+    }
+    return -1;
+}
+
+/* The chain of rows hA[0, nr) (rows[r] = index in S) as one graph launch when every row is greedy and a
+ * captured graph fits (graph_pick): 1 done (out_tokens filled), 0 = not applicable (run it eagerly), -1
+ * failed. */
 static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int32_t *rows, int32_t nr,
                        const int32_t *k, int32_t k_max, const float *temps, int32_t *out_tokens, float *out_q,
                        specd_err *err) {
-    if (!P->n_gr || k_max != P->gk || P->hA.p != P->gr_x0) return 0;
-    for (int32_t r = 0; r < nr; r++)
+    if (!P->n_gr || P->hA.p != P->gr_x0) return 0;
+    int32_t kg = 0; /* the group's largest k: the steps the graph runs */
+    for (int32_t r = 0; r < nr; r++) {
         if (samples(P, temps, map[rows[r]], out_q)) return 0;
-    int32_t gi = 0;
-    while (gi < P->n_gr && P->gr[gi].B < nr) gi++;
-    if (gi == P->n_gr) return 0;
-    const int32_t B = P->gr[gi].B, pad = (B + 3) & ~3;
-    /* every row runs gk steps; a row's steps past its own k (whose drafts are ignored) stay at the last position
+        kg = k[map[rows[r]]] > kg ? k[map[rows[r]]] : kg;
+    }
+    if (kg < 1 || kg > P->gk) {
+        P->gst.eager++;
+        return 0;
+    }
+    /* every row runs kg steps; a row's steps past its own k (whose drafts are ignored) stay at the last position
      * its drafts need, L + k - 1 (L + 1 at k = 1): the eager chain's positions, which the engine keeps below
-     * max_model_len (a row near the end of the context at L + gk - 1 would be past the backend's positions) */
-    int32_t *top = malloc(sizeof(int32_t) * (size_t)nr);
+     * max_model_len (a row near the end of the context at L + kg - 1 would be past the backend's positions) */
+    int32_t *top = malloc(sizeof(int32_t) * (size_t)nr), len = 0;
     if (!top) return specd_err_set(err, "out of memory");
     for (int32_t r = 0; r < nr; r++) {
         const int32_t kr = k[map[rows[r]]];
-        top[r] = seq_last_pair(S[rows[r]]) + (kr > 1 ? kr - 1 : 1); /* kr <= k_max == gk */
-        if (seq_cover(P, S[rows[r]], top[r]) < 0) { /* its blocks cover every position the graph writes */
+        top[r] = seq_last_pair(S[rows[r]]) + (kr > 1 ? kr - 1 : 1); /* kr <= kg */
+        if (kg > 1 && top[r] + 1 > len) len = top[r] + 1; /* the positions the layer calls use: < len */
+        if (kg > 1 && seq_cover(P, S[rows[r]], top[r]) < 0) { /* its blocks cover every position the graph writes */
             free(top);
             return 0;
         }
     }
-    int32_t *L = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B * P->gk);
-    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)B), *ids = malloc(sizeof(int32_t) * (size_t)pad * P->gk);
+    const int32_t gi = graph_pick(P, nr, kg, len);
+    if (gi < 0) {
+        free(top);
+        P->gst.eager++;
+        return 0;
+    }
+    const int32_t B = P->gr[gi].B, pad = (B + 3) & ~3, GL = P->gr[gi].L;
+    int32_t *L = malloc(sizeof(int32_t) * (size_t)B), *pos = malloc(sizeof(int32_t) * (size_t)B * kg);
+    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)B), *ids = malloc(sizeof(int32_t) * (size_t)pad * kg);
     const int32_t **tables = malloc(sizeof(int32_t *) * (size_t)(B + 1));
     bk_attn_meta am[16] = {{0}};
     const bk_graph_ops *go = P->be->ops->graph;
     int rc = -1;
     if (!L || !pos || !seq_of || !ids || !tables) { specd_err_set(err, "out of memory"); goto out; }
     for (int32_t r = 0; r < nr; r++) L[r] = seq_last_pair(S[rows[r]]), tables[r] = S[rows[r]]->blocks;
-    go->fixed_shape(P->be->ctx, true);
-    const int mu = graph_meta(P, B, nr, L, top, pos, seq_of, tables, am, err);
-    go->fixed_shape(P->be->ctx, false);
+    graph_shape(P, GL);
+    const int mu = graph_meta(P, B, kg, nr, L, top, pos, seq_of, tables, am, err);
+    graph_shape(P, -1);
     if (mu < 0) goto out;
     if (go->launch(P->be->ctx, P->gr[gi].exec) < 0) {
         specd_err_set(err, "eagle3: chain graph launch failed");
-        graph_meta_release(P, am);
+        graph_meta_release(P, kg, am);
         goto out;
     }
-    graph_meta_release(P, am);
-    if (P->be->ops->download(P->be->ctx, ids, P->dr.p, sizeof(int32_t) * (size_t)pad * P->gk) < 0) {
+    graph_meta_release(P, kg, am);
+    if (P->be->ops->download(P->be->ctx, ids, P->dr.p, sizeof(int32_t) * (size_t)pad * kg) < 0) {
         specd_err_set(err, "eagle3: drafted ids download failed");
         goto out;
     }
@@ -792,68 +835,117 @@ static int chain_graph(e3_proposer *P, e3_seq **S, const int32_t *map, const int
             if (out_q) out_q[((size_t)ci * k_max + j) * P->Vt + id] = 1.0f; /* one-hot (greedy rows only here) */
         }
     }
-    P->gr_replays++;
+    P->gst.replays++;
+    P->gst.replays_k[kg]++;
+    P->gst.short_replays += kg > 1 && GL != P->gst.classes[0];
+    P->gst.last_B = B, P->gst.last_k = kg;
+    if (kg > 1) P->gst.last_L = GL;
     rc = 1;
 out:
     free(L), free(pos), free(seq_of), free(ids), free(tables), free(top);
     return rc;
 }
 
-int eagle3_graphs_capture(spec_proposer *p, const int32_t *buckets, int32_t n, int32_t k, specd_err *err) {
+/* Captures the graph of K steps over B rows at length class GL into *exec. */
+static int graph_capture_one(e3_proposer *P, int32_t B, int32_t K, int32_t GL, void **exec, specd_err *err) {
+    const bk_graph_ops *go = P->be->ops->graph;
+    int32_t *L = calloc((size_t)B, sizeof(int32_t)), *pos = calloc((size_t)B * K, sizeof(int32_t));
+    int32_t *seq_of = calloc((size_t)B, sizeof(int32_t));
+    const int32_t **tables = calloc((size_t)B + 1, sizeof(int32_t *));
+    bk_attn_meta am[16] = {{0}};
+    int rc = -1;
+    *exec = NULL;
+    if (!L || !pos || !seq_of || !tables) {
+        specd_err_set(err, "out of memory");
+        goto out;
+    }
+    graph_shape(P, GL);
+    if (graph_meta(P, B, K, 0, L, NULL, pos, seq_of, tables, am, err) == 0) { /* every row padding */
+        if (go->begin(P->be->ctx) < 0) specd_err_set(err, "eagle3 graphs: capture could not begin");
+        else {
+            const int run = graph_ops(P, B, K, am, pos, seq_of, tables, err);
+            const int end = go->end(P->be->ctx, exec);
+            if (run == 0 && end == 0) rc = 0;
+            else {
+                if (run == 0) specd_err_set(err, "eagle3 graphs: capture / instantiation failed (device memory?)");
+                if (*exec) go->destroy(P->be->ctx, *exec);
+                *exec = NULL;
+            }
+        }
+        graph_meta_release(P, K, am);
+    }
+    graph_shape(P, -1);
+out:
+    free(L), free(pos), free(seq_of), free(tables);
+    return rc;
+}
+
+size_t eagle3_graphs_nodes(int32_t n_buckets, int32_t k, int32_t n_classes) {
+    if (n_buckets <= 0 || k <= 0) return 0;
+    const size_t tri = (size_t)k * (size_t)(k + 1) / 2; /* steps over the graphs of k = 1 .. K */
+    return (size_t)n_buckets * 24 * (1 + (size_t)(n_classes > 0 ? n_classes : 1) * (tri - 1));
+}
+
+int eagle3_graphs_capture(spec_proposer *p, const eagle3_graph_opts *o, specd_err *err) {
     e3_proposer *P = p->ctx;
     const bk_graph_ops *go = P->be->ops->graph;
     if (!go || !go->meta_slot || P->be->host_visible)
         return specd_err_set(err, "eagle3 graphs: the %s backend has no graphs with metadata slots", P->be->name);
     if (P->n_gr) return specd_err_set(err, "eagle3 graphs: already captured");
-    if (k < 1 || k > 15 || k > P->opts.max_k || n < 1)
-        return specd_err_set(err, "eagle3 graphs: k = %d (1 .. min(15, max_k %d)), %d buckets", k, P->opts.max_k, n);
+    if (!o || o->k < 1 || o->k > 15 || o->k > P->opts.max_k || o->n_buckets < 1 || !o->buckets || o->max_len < 0)
+        return specd_err_set(err, "eagle3 graphs: k = %d (1 .. min(15, max_k %d)), %d buckets, max_len %d",
+                             o ? o->k : 0, P->opts.max_k, o ? o->n_buckets : 0, o ? o->max_len : 0);
+    int32_t Ls[4];
+    const int32_t nL = model_graph_len_classes(o->max_len, o->len_floor, Ls);
+    const int32_t per_bucket = 1 + nL * (o->k - 1);
     if ((P->gr_pad = eagle3_kv_alloc(P->head)) < 0) return specd_err_set(err, "eagle3 graphs: no draft KV block left for padding");
-    P->gr = calloc((size_t)n, sizeof *P->gr);
-    if (!P->gr) return specd_err_set(err, "out of memory");
-    P->gk = k;
+    P->gr = calloc((size_t)o->n_buckets * (size_t)per_bucket, sizeof *P->gr);
+    if (!P->gr) {
+        eagle3_kv_free(P->head, P->gr_pad);
+        P->gr_pad = -1;
+        return specd_err_set(err, "out of memory");
+    }
+    P->gk = o->k;
     P->gr_x0 = P->hA.p;
-    for (int32_t i = 0; i < n; i++) {
-        const int32_t B = buckets[i];
-        if (B < 1 || B > P->opts.max_seqs || (i > 0 && B <= buckets[i - 1])) {
+    memset(&P->gst, 0, sizeof P->gst);
+    const double t0 = mono_s();
+    char list[128];
+    size_t lo = 0;
+    list[0] = 0;
+    for (int32_t i = 0; i < o->n_buckets; i++) {
+        const int32_t B = o->buckets[i];
+        if (B < 1 || B > P->opts.max_seqs || (i > 0 && B <= o->buckets[i - 1])) {
             LOG_WARN("eagle3 graphs: bucket %d dropped (ascending, 1 .. max_seqs %d)", B, P->opts.max_seqs);
             continue;
         }
-        int32_t *L = calloc((size_t)B, sizeof(int32_t)), *pos = calloc((size_t)B * k, sizeof(int32_t));
-        int32_t *seq_of = calloc((size_t)B, sizeof(int32_t));
-        const int32_t **tables = calloc((size_t)B + 1, sizeof(int32_t *));
-        bk_attn_meta am[16] = {{0}};
-        void *exec = NULL;
-        int rc = -1;
-        if (!L || !pos || !seq_of || !tables) specd_err_set(err, "out of memory");
-        else {
-            go->fixed_shape(P->be->ctx, true);
-            if (graph_meta(P, B, 0, L, NULL, pos, seq_of, tables, am, err) == 0) { /* every row padding */
-                if (go->begin(P->be->ctx) < 0) specd_err_set(err, "eagle3 graphs: capture could not begin");
-                else {
-                    const int run = graph_ops(P, B, am, pos, seq_of, tables, err);
-                    const int end = go->end(P->be->ctx, &exec);
-                    if (run == 0 && end == 0) rc = 0;
-                    else {
-                        if (run == 0) specd_err_set(err, "eagle3 graphs: capture / instantiation failed");
-                        if (exec) go->destroy(P->be->ctx, exec);
-                    }
+        /* k = 1: no layer call, one graph for every length; k >= 2: one per class, ascending (0 = the backend's
+         * bound sorts last: model_graph_len_classes gives {0} without max_len) */
+        for (int32_t kk = 1; kk <= o->k; kk++)
+            for (int32_t li = kk == 1 ? 0 : nL - 1; li >= 0; li--) {
+                const int32_t GL = kk == 1 ? 0 : Ls[li];
+                void *exec = NULL;
+                if (graph_capture_one(P, B, kk, GL, &exec, err) < 0) {
+                    eagle3_graphs_release(p);
+                    return specd_err_wrap(err, "eagle3 graphs: bucket %d x %d steps (length class %d)", B, kk, GL);
                 }
-                graph_meta_release(P, am);
+                P->gr[P->n_gr].B = B, P->gr[P->n_gr].k = kk, P->gr[P->n_gr].L = GL;
+                P->gr[P->n_gr++].exec = exec;
             }
-            go->fixed_shape(P->be->ctx, false);
-        }
-        free(L), free(pos), free(seq_of), free(tables);
-        if (rc < 0) {
-            eagle3_graphs_release(p);
-            return specd_err_wrap(err, "eagle3 graphs: bucket %d x %d steps", B, k);
-        }
-        P->gr[P->n_gr].B = B;
-        P->gr[P->n_gr++].exec = exec;
+        if (lo < sizeof list) lo += (size_t)snprintf(list + lo, sizeof list - lo, "%s%d", lo ? "," : "", B);
     }
     if (!P->n_gr) {
         eagle3_graphs_release(p);
         return specd_err_set(err, "eagle3 graphs: no bucket fits (max_seqs %d)", P->opts.max_seqs);
     }
+    P->gst.n_graphs = P->n_gr;
+    P->gst.n_classes = nL;
+    for (int32_t li = 0; li < nL; li++) P->gst.classes[li] = Ls[li];
+    char cl[64];
+    size_t co = 0;
+    for (int32_t li = 0; li < nL; li++) co += (size_t)snprintf(cl + co, sizeof cl - co, "%s%d", li ? "," : "", Ls[li]);
+    LOG_INFO("eagle3 graphs: %d captured in %.0f ms: buckets %s x k = 1..%d x length classes %s (k = 1: one class), "
+             "about %zu kernel nodes", P->n_gr, (mono_s() - t0) * 1e3, list, o->k, nL > 1 || Ls[0] ? cl : "none",
+             eagle3_graphs_nodes(o->n_buckets, o->k, nL));
     return 0;
 }
 
@@ -868,9 +960,16 @@ void eagle3_graphs_release(spec_proposer *p) {
     P->n_gr = 0;
     P->gk = 0;
     P->gr_pad = -1;
+    P->gst.n_graphs = 0;
+    P->gst.n_classes = 0;
 }
 
-long eagle3_graph_replays(const spec_proposer *p) { return p ? ((const e3_proposer *)p->ctx)->gr_replays : 0; }
+long eagle3_graph_replays(const spec_proposer *p) { return p ? ((const e3_proposer *)p->ctx)->gst.replays : 0; }
+
+void eagle3_graph_get_stats(const spec_proposer *p, eagle3_graph_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (p) *out = ((const e3_proposer *)p->ctx)->gst;
+}
 
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
                       int32_t *out_tokens, float *out_q, specd_err *err) {

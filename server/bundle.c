@@ -371,8 +371,10 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     /* DeepSeek-V3: ~32 kernels per layer + 4 per head (the absorbed MLA's per-head GEMMs and copies) */
     const int64_t per_layer = d.deepseek ? 32 + 4 * d.n_heads : 16;
     size_t graphs = n_graphs * (size_t)(per_layer * d.n_layers + 8) * BUNDLE_CUDA_GRAPH_NODE;
-    if (b->spec.enabled) /* the draft's chain graphs: per bucket k steps of ~24 kernel nodes (layer, LM head, argmax) */
-        graphs += (size_t)nb * (size_t)(24 * (b->spec.k > 0 ? b->spec.k : 1)) * BUNDLE_CUDA_GRAPH_NODE;
+    if (b->spec.enabled) /* the draft's chain graphs: per bucket one per k = 1..K (per length class for k >= 2) */
+        graphs += eagle3_graphs_nodes(nb, b->spec.k > 0 ? b->spec.k : 1,
+                                      model_graph_len_classes((int32_t)max_len, 0, len_classes)) *
+                  BUNDLE_CUDA_GRAPH_NODE;
     if (nb && graphs < BUNDLE_CUDA_GRAPH_MIN) graphs = BUNDLE_CUDA_GRAPH_MIN;
     b->graph_reserve = graphs;
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
@@ -619,11 +621,21 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
      * a failure leaves the eager chain with a warning */
     if (b->proposer && !b->draft_be && b->spec.k > 0 && !b->rk) {
         specd_err ge = {0};
-        if (eagle3_graphs_capture(b->proposer, b->graph_buckets, b->n_graph_buckets, b->spec.k, &ge) < 0)
+        const eagle3_graph_opts dgo = {.buckets = b->graph_buckets, .n_buckets = b->n_graph_buckets, .k = b->spec.k,
+                                       .max_len = b->max_model_len}; /* the target's length classes */
+        size_t d0 = 0, d1 = 0;
+        if (bk_cuda_mem_info(0, &d0, &tot, err) < 0) return -1;
+        if (eagle3_graphs_capture(b->proposer, &dgo, &ge) < 0) {
             LOG_WARN("draft: the chain draft loop runs eagerly: %s", ge.msg);
-        else
-            LOG_INFO("draft: chain draft loop captured as CUDA graphs (buckets %s, %d steps; greedy proposes of k = %d)",
-                     list, b->spec.k, b->spec.k);
+        } else {
+            if (bk_cuda_mem_info(0, &d1, &tot, err) < 0) return -1;
+            eagle3_graph_stats ds;
+            eagle3_graph_get_stats(b->proposer, &ds);
+            LOG_INFO("draft: chain draft loop captured as %d CUDA graphs (buckets %s x k = 1..%d x %d length "
+                     "class%s), %.1f MiB of device memory; greedy proposes of any k <= %d replay one",
+                     ds.n_graphs, list, b->spec.k, ds.n_classes, ds.n_classes > 1 ? "es" : "",
+                     (double)(d0 > d1 ? d0 - d1 : 0) / (1 << 20), b->spec.k);
+        }
     }
     return 0;
 }

@@ -38,6 +38,16 @@
  *      positions (its k below the graph's steps): the propose replays the
  *      graph and drafts what the eager CPU head drafts (part 5, near_end);
  *   5. no host pointer reached a device op.
+ * Part 4 in detail: graphs for every k in 1..5 at buckets 1 / 2 / 4 with length
+ * classes 1024 / 256 (max_len 1024, floor 64): for batches of 1, 2, 3
+ * (padded to 4) and 4 (hot vocabulary) and each k_max in 1..5 (per-sequence k
+ * of k, k - 1, ... so rows leave at different steps), five speculative steps
+ * whose every propose replays exactly one graph: the k_max-step one, in the
+ * smallest bucket, in the class computed here from the positions
+ * (want_class); drafts identical to the eager CPU head's. Part 6
+ * (len_classes): contexts of 20, 254 and 300 tokens alone and mixed replay
+ * the 256 and 1024 classes (254 on both sides of the edge), drafts
+ * identical.
  * Needs the SmolLM2 GGUF and the venv's numpy (random head); skips (77)
  * without them.
  */
@@ -139,7 +149,31 @@ static void spec_greedy(model *m, backend *draft_be, const char *dir, int32_t k,
  * the CPU target. Every proposal of b must equal a's; each propose of b must
  * synchronise with the device once. */
 #define STEPS 5
-static void batch_compare(model *mc, model *md, const char *dir, const char *hot, int32_t nseq, int32_t k, bool graphs) {
+/* The length class a chain graph of rows at last pairs L[0..n) with k[0..n) drafts must replay: the smallest of
+ * GCLASS (descending) above the positions its layer calls write (row r's last one: L + k - 1, L + 1 at k = 1),
+ * computed here from the positions alone; 0 when no row drafts more than 1 (a k = 1 graph has no layer call). */
+static const int32_t GCLASS[2] = {1024, 256};
+static int32_t want_class(const int32_t *L, const int32_t *k, int32_t n) {
+    int32_t kg = 0, len = 0;
+    for (int32_t r = 0; r < n; r++) kg = k[r] > kg ? k[r] : kg;
+    if (kg < 2) return 0;
+    for (int32_t r = 0; r < n; r++) {
+        const int32_t top = L[r] + (k[r] > 1 ? k[r] - 1 : 1);
+        len = top + 1 > len ? top + 1 : len;
+    }
+    int32_t c = GCLASS[0];
+    for (int i = 0; i < 2; i++)
+        if (len <= GCLASS[i]) c = GCLASS[i];
+    return c;
+}
+
+/* graph_k > 0: the device head has chain graphs for buckets {1, 2, 4}, every k in 1..graph_k, length classes
+ * GCLASS (max_len 1024, floor 64: model_graph_len_classes rounds a class up to the attention's 256-position
+ * split, so 1024 and 256); every greedy propose must replay the graph of the call's largest k, in the
+ * smallest bucket above nseq, in the class want_class names. */
+static void batch_compare(model *mc, model *md, const char *dir, const char *hot, int32_t nseq, int32_t k,
+                          int32_t graph_k) {
+    const bool graphs = graph_k > 0;
     const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden;
     specd_err err = {{0}};
     spec_proposer *pa = NULL, *pb = NULL;
@@ -151,7 +185,8 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
         return;
     }
     static const int32_t gb[3] = {1, 2, 4};
-    if (graphs && eagle3_graphs_capture(pb, gb, 3, k, &err) < 0) {
+    const eagle3_graph_opts gopt = {.buckets = gb, .n_buckets = 3, .k = graph_k, .max_len = 1024, .len_floor = 64};
+    if (graphs && eagle3_graphs_capture(pb, &gopt, &err) < 0) {
         EXPECT(0, "chain graphs: %s", err.msg);
         eagle3_destroy(pa), eagle3_destroy(pb);
         return;
@@ -183,8 +218,21 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
     int32_t n_same = 0, n_acc = 0;
     for (int step = 0; step < STEPS && !n_fail; step++) {
         int32_t da[4 * 8], db[4 * 8];
-        const long s0 = fake_syncs, d0 = fake_d2h, u0 = fake_h2d;
+        const long s0 = fake_syncs, d0 = fake_d2h, u0 = fake_h2d, h0 = fake_host_launches;
+        int32_t Ls[4];
+        for (int32_t s = 0; s < nseq; s++) Ls[s] = mpos[s] - 1; /* the last real pair: (f at mpos - 1, x) */
         EXPECT(pb->ops->propose(pb->ctx, ids, ks, nseq, k, NULL, db, NULL, &err) == 0, "propose (device): %s", err.msg);
+        if (graphs) {
+            eagle3_graph_stats gs;
+            eagle3_graph_get_stats(pb, &gs);
+            const int32_t wB = nseq <= 2 ? nseq : 4, wL = want_class(Ls, ks, nseq);
+            EXPECT(gs.last_B == wB && gs.last_k == k && (k < 2 || gs.last_L == wL),
+                   "nseq=%d k=%d step %d: replayed bucket %d, %d steps, class %d; want %d, %d, %d", nseq, k, step,
+                   gs.last_B, gs.last_k, gs.last_L, wB, k, wL);
+            if (step == 0 && nseq == 3 && k == 2)
+                printf("  graph propose of 3 x (2, 1, 1) drafts: %ld host kernel launches (the real pairs), 1 graph\n",
+                       fake_host_launches - h0);
+        }
         const long syncs = fake_syncs - s0, d2h = fake_d2h - d0, h2d = fake_h2d - u0;
         EXPECT(pa->ops->propose(pa->ctx, ids, ks, nseq, k, NULL, da, NULL, &err) == 0, "propose (cpu): %s", err.msg);
         EXPECT(syncs == 1 && d2h >= 1 && d2h <= 2, "propose of %d x %d drafts on the device: %ld syncs, %ld downloads "
@@ -221,11 +269,19 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
         }
     }
     printf("hot=%s batch %d k=%d%s: %d drafts identical on the device and the CPU (%d accepted)\n", hot ? "yes" : "no",
-           nseq, k, graphs ? " (chain as a CUDA graph, padded to a bucket of 1 / 2 / 4)" : "", n_same, n_acc);
-    if (graphs)
-        EXPECT(eagle3_graph_replays(pb) - gr0 == STEPS && fake_graph_launches - gl0 == STEPS,
-               "every greedy propose replayed the chain graph (%ld replays, %ld graph launches of %d proposes)",
-               eagle3_graph_replays(pb) - gr0, fake_graph_launches - gl0, STEPS);
+           nseq, k, graphs ? " (chain as CUDA graphs of k steps, padded to a bucket of 1 / 2 / 4)" : "", n_same, n_acc);
+    if (graphs) {
+        eagle3_graph_stats gs;
+        eagle3_graph_get_stats(pb, &gs);
+        EXPECT(eagle3_graph_replays(pb) - gr0 == STEPS && fake_graph_launches - gl0 == STEPS &&
+                   gs.replays_k[k] == STEPS && gs.eager == 0,
+               "every greedy propose replayed the chain graph of %d steps (%ld replays, %ld of k = %d, %ld graph "
+               "launches of %d proposes, %ld eager)", k, eagle3_graph_replays(pb) - gr0, gs.replays_k[k], k,
+               fake_graph_launches - gl0, STEPS, gs.eager);
+        EXPECT(gs.n_graphs == 3 * (1 + 2 * (graph_k - 1)) && gs.n_classes == 2 && gs.classes[1] == 256,
+               "captured %d graphs in %d classes (want 3 buckets x (1 + 2 classes x %d))", gs.n_graphs, gs.n_classes,
+               graph_k - 1);
+    }
     { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): the device head brings
        * each step's logits to the host for the draw; with the same seeds both heads draw the same drafts from the
        * same q, bit for bit */
@@ -271,11 +327,17 @@ static void near_end(model *mc, const char *dir) {
     spec_proposer *pa = NULL, *pb = NULL;
     eagle3_opts o = {.n_blocks = 32, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
     static const int32_t gb[1] = {2};
+    long cap0 = fake_captured_launches;
     if (!md || eagle3_load(dir, mc, &o, &pa, &err) < 0 || eagle3_load(dir, md, &o, &pb, &err) < 0 ||
-        eagle3_graphs_capture(pb, gb, 1, 5, &err) < 0) {
+        (cap0 = fake_captured_launches,
+         eagle3_graphs_capture(pb, &(eagle3_graph_opts){.buckets = gb, .n_buckets = 1, .k = 5}, &err) < 0)) {
         EXPECT(0, "near the end: setup: %s", err.msg);
         goto out;
     }
+    /* the graphs of k = 1..5 hold 15 LM-head + argmax steps and 10 layer calls; the memory plan estimates 24
+     * kernel nodes per step (eagle3_graphs_nodes) */
+    printf("chain graphs of k = 1..5, bucket 2: %ld kernel nodes captured (the plan's estimate: %zu)\n",
+           fake_captured_launches - cap0, eagle3_graphs_nodes(1, 5, 1));
     int32_t layers[8], tables[2][8];
     pa->ops->aux_layers(pa->ctx, layers);
     float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
@@ -312,6 +374,92 @@ out:
     eagle3_destroy(pa), eagle3_destroy(pb);
     model_destroy(md);
     bk_cuda_destroy(dev);
+}
+
+/* Part 6: length classes of the chain graphs (max_len 1024, floor 64: classes 1024 and 256). Three sequences
+ * whose contexts are short (20 tokens), at the class edge (254: its last pair at 253, so k = 3 writes up to
+ * position 255, the 256 class's last, and k = 4 position 256, past it) and long (300; g_prompt repeated),
+ * prefilled on the CPU target in chunks; each propose (alone, and mixes of them) must replay the bucket /
+ * steps / class want_class names from the positions, and draft what the eager CPU head drafts. A class too
+ * small is refused by the backend (the propose fails); a class too large is caught by the class assertion. */
+static void len_classes(model *mc, model *md, const char *dir) {
+    const int32_t V = model_get_config(mc)->vocab, H = model_get_config(mc)->hidden;
+    specd_err err = {{0}};
+    spec_proposer *pa = NULL, *pb = NULL;
+    eagle3_opts o = {.n_blocks = 48, .max_rows = MAXT, .max_seqs = 4, .max_k = 8};
+    static const int32_t gb[3] = {1, 2, 4};
+    const eagle3_graph_opts gopt = {.buckets = gb, .n_buckets = 3, .k = 4, .max_len = 1024, .len_floor = 64};
+    float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
+    if (!lg || !aux || eagle3_load(dir, mc, &o, &pa, &err) < 0 || eagle3_load(dir, md, &o, &pb, &err) < 0 ||
+        eagle3_graphs_capture(pb, &gopt, &err) < 0) {
+        EXPECT(0, "length classes: setup: %s", err.msg);
+        goto out;
+    }
+    enum { NS = 3, LONG = 300 };
+    static int32_t toks[LONG + 1], tables[NS][20];
+    const int32_t np[NS] = {20, 254, LONG};
+    const int64_t ids[NS] = {300, 301, 302};
+    int32_t layers[8];
+    pa->ops->aux_layers(pa->ctx, layers);
+    for (int32_t i = 0; i < LONG; i++) toks[i] = g_prompt[i % g_np];
+    for (int32_t s = 0; s < NS && !n_fail; s++) {
+        /* the CPU target's 32 blocks, reused: each sequence is prefilled whole before the next */
+        for (int32_t b = 0; b < (np[s] + 16) / 16; b++) tables[s][b] = b;
+        for (int32_t p0 = 0; p0 < np[s] && !n_fail; p0 += MAXT) { /* prefill in chunks of MAXT rows */
+            const int32_t n = np[s] - p0 < MAXT ? np[s] - p0 : MAXT;
+            if (target_t(mc, tables[s], toks + p0, n, p0, lg, layers, aux) < 0) goto out;
+            spec_proposer *both[2] = {pa, pb};
+            for (int w = 0; w < 2; w++)
+                EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], toks + p0, n, p0, aux, &err) == 0, "extend: %s",
+                       err.msg);
+            if (p0 + n == np[s]) {
+                const int32_t x = argmax(lg + (size_t)(n - 1) * V, V);
+                for (int w = 0; w < 2; w++)
+                    EXPECT(both[w]->ops->extend(both[w]->ctx, ids[s], &x, 1, np[s], NULL, &err) == 0, "extend: %s",
+                           err.msg);
+            }
+        }
+    }
+    /* (which sequences, their k): alone, the edge both sides, pairs, all three, all at k = 1 (class-free) */
+    static const struct { int32_t n, s[3], k[3]; } cs[] = {
+        {1, {0}, {3}}, {1, {1}, {3}}, {1, {1}, {4}}, {1, {2}, {3}}, {2, {0, 1}, {4, 3}}, {2, {0, 1}, {2, 4}},
+        {2, {1, 2}, {4, 2}}, {3, {0, 1, 2}, {1, 2, 3}}, {3, {0, 1, 2}, {1, 1, 1}}, {1, {0}, {4}},
+    };
+    int seen[3] = {0}; /* replays per class 256, 1024, none */
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0] && !n_fail; c++) {
+        int64_t cid[3];
+        int32_t L[3], kmax = 0, da[3 * 4], db[3 * 4];
+        for (int32_t i = 0; i < cs[c].n; i++) {
+            cid[i] = ids[cs[c].s[i]];
+            L[i] = np[cs[c].s[i]] - 1;
+            kmax = cs[c].k[i] > kmax ? cs[c].k[i] : kmax;
+        }
+        const long r0 = eagle3_graph_replays(pb), g0 = fake_graph_launches;
+        EXPECT(pb->ops->propose(pb->ctx, cid, cs[c].k, cs[c].n, kmax, NULL, db, NULL, &err) == 0,
+               "case %zu: propose (device): %s", c, err.msg);
+        EXPECT(pa->ops->propose(pa->ctx, cid, cs[c].k, cs[c].n, kmax, NULL, da, NULL, &err) == 0,
+               "case %zu: propose (cpu): %s", c, err.msg);
+        eagle3_graph_stats gs;
+        eagle3_graph_get_stats(pb, &gs);
+        const int32_t wL = want_class(L, cs[c].k, cs[c].n), wB = cs[c].n <= 2 ? cs[c].n : 4;
+        EXPECT(eagle3_graph_replays(pb) - r0 == 1 && fake_graph_launches - g0 == 1 && gs.last_B == wB &&
+                   gs.last_k == kmax && (kmax < 2 || gs.last_L == wL),
+               "case %zu: %ld replays (%ld launches), bucket %d, %d steps, class %d; want 1, %d, %d, %d", c,
+               eagle3_graph_replays(pb) - r0, fake_graph_launches - g0, gs.last_B, gs.last_k, gs.last_L, wB, kmax, wL);
+        for (int32_t i = 0; i < cs[c].n * kmax; i++)
+            EXPECT(da[i] == db[i] && (i % kmax < cs[c].k[i / kmax] ? da[i] >= 0 : da[i] == -1),
+                   "case %zu: draft %d: device %d, cpu %d", c, i, db[i], da[i]);
+        seen[wL == 256 ? 0 : wL == 1024 ? 1 : 2]++;
+    }
+    EXPECT(seen[0] >= 3 && seen[1] >= 3 && seen[2] >= 1, "every class replayed (256: %d, 1024: %d, none: %d)",
+           seen[0], seen[1], seen[2]);
+    if (!n_fail)
+        printf("length classes 1024 / 256: contexts of 20, 254 (the class edge) and 300 tokens, alone and mixed, "
+               "replayed the class their positions need (256: %d, 1024: %d, k = 1: %d); drafts == the eager CPU "
+               "head's\n", seen[0], seen[1], seen[2]);
+out:
+    free(lg), free(aux);
+    eagle3_destroy(pa), eagle3_destroy(pb);
 }
 
 int main(void) {
@@ -395,7 +543,7 @@ int main(void) {
     snprintf(map, sizeof map, "%s/hot_vocab_4096", head);
     for (int with_map = 0; with_map < 2; with_map++)
         for (int32_t nseq = 1; nseq <= 4; nseq += 3)
-            for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k, false);
+            for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, with_map ? map : NULL, nseq, k, 0);
     /* part 4: the chain draft loop as CUDA graphs on the device head (eagle3_graphs_capture): the same drafts as
      * the eager CPU head, per-sequence k below the graph's (rows keep drafting, ignored), padded buckets (3 -> 4) */
     { /* refusals leave the proposer as it was: a CPU head (no graphs), k beyond the chain buffers' max_k */
@@ -404,13 +552,13 @@ int main(void) {
         static const int32_t b1[1] = {1};
         if (eagle3_load(head, mc, &o, &pc, &err) == 0 && eagle3_load(head, md, &o, &pd, &err) == 0) {
             const int32_t free0 = eagle3_kv_n_free(eagle3_proposer_head(pd));
-            EXPECT(eagle3_graphs_capture(pc, b1, 1, 2, &err) < 0 && strstr(err.msg, "no graphs"),
+            EXPECT(eagle3_graphs_capture(pc, &(eagle3_graph_opts){.buckets = b1, .n_buckets = 1, .k = 2}, &err) < 0 && strstr(err.msg, "no graphs"),
                    "a CPU head's chain graphs: refused (%s)", err.msg);
-            EXPECT(eagle3_graphs_capture(pd, b1, 1, 9, &err) < 0 && strstr(err.msg, "max_k"),
+            EXPECT(eagle3_graphs_capture(pd, &(eagle3_graph_opts){.buckets = b1, .n_buckets = 1, .k = 9}, &err) < 0 && strstr(err.msg, "max_k"),
                    "k = 9 > max_k 8: refused (%s)", err.msg);
             EXPECT(eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 && eagle3_graph_replays(pd) == 0,
                    "a refused capture keeps no padding block");
-            EXPECT(eagle3_graphs_capture(pd, b1, 1, 2, &err) == 0 &&
+            EXPECT(eagle3_graphs_capture(pd, &(eagle3_graph_opts){.buckets = b1, .n_buckets = 1, .k = 2}, &err) == 0 &&
                        eagle3_kv_n_free(eagle3_proposer_head(pd)) == free0 - 1,
                    "a capture holds one padding block: %s", err.msg);
             eagle3_graphs_release(pd);
@@ -420,10 +568,11 @@ int main(void) {
         }
         eagle3_destroy(pc), eagle3_destroy(pd);
     }
-    batch_compare(mc, md, head, NULL, 1, 3, true);
-    batch_compare(mc, md, head, NULL, 3, 5, true);
-    batch_compare(mc, md, head, NULL, 3, 1, true);
-    batch_compare(mc, md, head, map, 4, 4, true);
+    /* graphs for every k in 1..5 at buckets 1 / 2 / 4: each propose of k_max = k (1..5) replays the k-step graph */
+    for (int32_t nseq = 1; nseq <= 3; nseq++)
+        for (int32_t k = 1; k <= 5; k++) batch_compare(mc, md, head, NULL, nseq, k, 5);
+    batch_compare(mc, md, head, map, 4, 4, 5);
+    len_classes(mc, md, head);
     near_end(mc, head);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     dt_rm_head(dir);

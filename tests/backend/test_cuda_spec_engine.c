@@ -31,7 +31,16 @@
  *      them), re-sent features and freed sequences (test_pool_truncate):
  *      drafts equal the CPU head's, and a 4-chunk pool does not run out over
  *      6 sequences one after the other (no chunk leaked);
- *   6. no host pointer reached a device op.
+ *   6. adaptive speculation (engine_config.spec_adaptive, costs from a
+ *      virtual clock both engines share, so k depends on acceptance only)
+ *      with the head's chain graphs (buckets 1, 2, 4; k = 1..K): tokens and
+ *      speculation counters equal the CPU engine's with adaptive speculation,
+ *      and the tokens equal plain greedy; every drafting step replays
+ *      exactly ONE graph (one graph launch, one chain replay), the graph of
+ *      that step's largest k (replays per k == drafting steps per largest k,
+ *      some below K), and its bytes are the table with the graph's download
+ *      (8 + 4 x pad4(bucket) x k_max);
+ *   7. no host pointer reached a device op.
  * Needs the SmolLM2 GGUF; skips (77) without it.
  */
 #include <stdio.h>
@@ -58,7 +67,22 @@ static void *dt_create(void *ctx, bool skip) { (void)ctx, (void)skip; return cal
 static void dt_destroy(void *s) { free(s); }
 static int dt_push(void *s, int32_t id, char **out, size_t *len, size_t *cap) { (void)s, (void)id, (void)out, (void)len, (void)cap; return 0; }
 static int dt_flush(void *s, char **out, size_t *len, size_t *cap) { (void)s, (void)out, (void)len, (void)cap; return 0; }
-static int fwd(void *ctx, const model_batch *b, specd_err *err) { return model_forward(ctx, b, err); }
+/* The engine's cost clock (engine_runner.now) is virtual: a forward of n tokens costs 1 ms + 0.02 ms per token, a
+ * propose 0.02 ms per draft step, whatever the backend, so adaptive speculation (spec_adapt.h) sees the same
+ * costs on the CPU and on the fake device and, with the same acceptance, picks the same k per sequence. */
+static double g_vclock;
+static double vnow(void *ctx) { (void)ctx; return g_vclock; }
+static int fwd(void *ctx, const model_batch *b, specd_err *err) {
+    g_vclock += 1e-3 + 2e-5 * b->n_tokens;
+    return model_forward(ctx, b, err);
+}
+static int (*g_propose)(void *, const int64_t *, const int32_t *, int32_t, int32_t, const float *, int32_t *, float *,
+                        specd_err *);
+static int timed_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                         int32_t *out_tokens, float *out_q, specd_err *err) {
+    g_vclock += 2e-5 * k_max;
+    return g_propose(ctx, ids, k, n, k_max, temps, out_tokens, out_q, err);
+}
 
 static int32_t g_prompt[NREQ][64], g_np[NREQ];
 
@@ -67,12 +91,30 @@ typedef struct run_out {
     engine_stats st;
     int steps, bad_steps, draft_steps;
     size_t d2h, d2h_aux; /* bytes over the run; of which the aux rows the table expects on the host path */
+    long kg_steps[K + 1];   /* drafting steps by their largest k (graphs: the graph that must replay) */
+    int graph_misses;       /* drafting steps that did not replay exactly one graph (graphs on) */
+    eagle3_graph_stats gs;  /* the chain graphs' counters at the end (graphs on) */
 } run_out;
 
-/* Drafted-id bytes of a propose whose sequences drafted nd[0..n) tokens (chain(): each step's ids padded to 4). */
-static size_t draft_bytes(const int32_t *nd, size_t n) {
+/* How run() drives the engine. */
+typedef struct run_mode {
+    backend *dev;       /* the device backend (sampling there), or NULL */
+    bool aux_dev;       /* the features stay on the device */
+    int32_t feat_chunks;
+    bool adaptive;      /* engine_config.spec_adaptive (the virtual clock above) */
+    bool graphs;        /* the head's chain graphs (buckets 1, 2, 4; k = 1..K; length classes of max_model_len) */
+    bool plain;         /* no proposer: plain greedy */
+} run_mode;
+
+/* Drafted-id bytes of a propose whose sequences drafted nd[0..n) tokens (chain(): each step's ids padded to 4;
+ * a chain graph replay: its bucket's rows padded to 4 for each of its k_max steps). */
+static size_t draft_bytes(const int32_t *nd, size_t n, bool graphs) {
     int32_t kmax = 0;
     for (size_t i = 0; i < n; i++) kmax = nd[i] > kmax ? nd[i] : kmax;
+    if (graphs && kmax) {
+        const size_t B = n <= 2 ? n : 4;
+        return 8 + 4 * ((B + 3) & ~(size_t)3) * (size_t)kmax;
+    }
     size_t b = 0;
     for (int32_t j = 0; j < kmax; j++) {
         size_t rows = 0;
@@ -82,30 +124,43 @@ static size_t draft_bytes(const int32_t *nd, size_t n) {
     return kmax ? 8 + b : 0;
 }
 
-/* One generation of NREQ greedy requests; dev: the device backend (sampling there), aux_dev: the features
- * stay on the device. */
-static void run(model *m, backend *dev, bool aux_dev, const char *head, int32_t feat_chunks, run_out *r) {
+/* One generation of NREQ greedy requests (run_mode says how). */
+static void run(model *m, const run_mode *md, const char *head, run_out *r) {
     memset(r, 0, sizeof *r);
     specd_err err = {{0}};
     const int32_t H = model_get_config(m)->hidden;
+    backend *dev = md->dev;
+    const bool aux_dev = md->aux_dev;
     eagle3_opts eo = {.n_blocks = 64};
-    if (dev) eo.max_rows = STEP_TOKENS, eo.max_seqs = 4, eo.max_k = K, eo.aux_rows = STEP_TOKENS, eo.feat_chunks = feat_chunks;
-    spec_proposer *sp = NULL;
+    if (dev) eo.max_rows = STEP_TOKENS, eo.max_seqs = 4, eo.max_k = K, eo.aux_rows = STEP_TOKENS, eo.feat_chunks = md->feat_chunks;
+    spec_proposer *sp = NULL, timed;
+    spec_proposer_ops timed_ops;
     if (eagle3_load(head, m, &eo, &sp, &err) < 0) { EXPECT(0, "eagle3_load: %s", err.msg); return; }
+    static const int32_t gb[3] = {1, 2, 4};
+    const eagle3_graph_opts gopt = {.buckets = gb, .n_buckets = 3, .k = K, .max_len = 160, .len_floor = 64};
+    if (md->graphs && eagle3_graphs_capture(sp, &gopt, &err) < 0) { EXPECT(0, "chain graphs: %s", err.msg); return; }
+    /* the engine sees the proposer through timed_propose (the virtual clock); everything else is the head's */
+    timed_ops = *sp->ops;
+    g_propose = sp->ops->propose;
+    timed_ops.propose = timed_propose;
+    timed = (spec_proposer){.ops = &timed_ops, .ctx = sp->ctx};
+    g_vclock = 0;
     EXPECT(!dev || (model_aux_device(m) && fake_is_device(model_aux_device(m)->data, 4)),
            "the device head reserved the target's aux buffer in device memory");
     int32_t layers[8];
     const int n_aux = sp->ops->aux_layers(sp->ctx, layers);
     engine_runner rn = {.ctx = m, .forward = fwd, .vocab = model_get_config(m)->vocab, .hidden = H,
                         .block_size = model_kv_block_size(m), .n_blocks = model_kv_n_blocks(m),
-                        .sample_be = dev, .aux_dev = dev && aux_dev ? model_aux_device(m) : NULL};
+                        .sample_be = dev, .aux_dev = dev && aux_dev ? model_aux_device(m) : NULL, .now = vnow};
     static const int32_t eos[1] = {2};
     engine_detok d = {.stream_create = dt_create, .stream_destroy = dt_destroy, .push = dt_push, .flush = dt_flush,
                       .eos_ids = eos, .n_eos = 1};
     engine_config cfg = {.max_model_len = 160, .max_num_seqs = 4, .max_num_batched_tokens = STEP_TOKENS,
-                         .max_waiting = 16, .num_speculative_tokens = K};
+                         .max_waiting = 16, .num_speculative_tokens = md->plain ? 0 : K,
+                         .spec_adaptive = md->adaptive};
     engine *e = NULL;
-    if (engine_create_ex(&cfg, &rn, &d, m, NULL, &e, &err) != 0 || engine_set_proposer(e, sp, &err) != 0) {
+    if (engine_create_ex(&cfg, &rn, &d, m, NULL, &e, &err) != 0 ||
+        (!md->plain && engine_set_proposer(e, &timed, &err) != 0)) {
         EXPECT(0, "engine: %s", err.msg);
         eagle3_destroy(sp);
         return;
@@ -127,6 +182,7 @@ static void run(model *m, backend *dev, bool aux_dev, const char *head, int32_t 
     const size_t d2h0 = fake_d2h_bytes;
     for (int step = 0; step < 200; step++) {
         const size_t b0 = fake_d2h_bytes;
+        const long g0 = fake_graph_launches, r0 = eagle3_graph_replays(sp);
         const int n = engine_step(e, &err);
         if (n < 0) { EXPECT(0, "step: %s", err.msg); break; }
         if (n == 0) break;
@@ -147,11 +203,18 @@ static void run(model *m, backend *dev, bool aux_dev, const char *head, int32_t 
             rows += 1 + ndj;
             if (ndj > 0) n_verify++, kmax = ndj > kmax ? ndj : kmax, nd[nprop++] = (int32_t)ndj;
         }
+        int32_t kg = 0;
+        for (size_t j = 0; j < nprop; j++) kg = nd[j] > kg ? nd[j] : kg;
+        r->kg_steps[kg]++;
+        if (md->graphs && nprop > 0 &&
+            (fake_graph_launches - g0 != 1 || eagle3_graph_replays(sp) - r0 != 1) && r->graph_misses++ < 3)
+            printf("FAIL step %d: %d sequences drafting up to %d: %ld graph launches, %ld chain replays (want 1)\n",
+                   step, (int)nprop, kg, fake_graph_launches - g0, eagle3_graph_replays(sp) - r0);
         if (!dev) continue;
         /* the host path: the aux rows, and the flags read twice (the aux download reads them, the LM head's
          * output-row gather re-arms them for the sample download) */
         const size_t aux = aux_dev ? 0 : tokens * row_aux + 8;
-        const size_t want = 8 + 4 * (rows + n_verify * (kmax + 2)) + draft_bytes(nd, nprop) + aux;
+        const size_t want = 8 + 4 * (rows + n_verify * (kmax + 2)) + draft_bytes(nd, nprop, md->graphs) + aux;
         const size_t got = fake_d2h_bytes - b0;
         r->d2h_aux += aux;
         r->draft_steps += nprop > 0;
@@ -173,11 +236,13 @@ static void run(model *m, backend *dev, bool aux_dev, const char *head, int32_t 
         engine_stream_release(st[i]);
     }
     engine_get_stats(e, &r->st);
+    eagle3_graph_get_stats(sp, &r->gs);
     engine_destroy(e);
     eagle3_destroy(sp);
 }
 
 static void expect_same(const char *what, const run_out *a, const run_out *b) {
+    EXPECT(b->graph_misses == 0, "%s: %d drafting steps did not replay one chain graph", what, b->graph_misses);
     for (int i = 0; i < NREQ; i++)
         EXPECT(a->n[i] == b->n[i] && !memcmp(a->tok[i], b->tok[i], sizeof(int32_t) * (size_t)a->n[i]),
                "%s: request %d: tokens differ from the CPU engine's", what, i);
@@ -277,29 +342,57 @@ int main(void) {
     json_decref(cap);
     backend *cpu = bk_cpu_create(0);
     specd_err err = {{0}};
-    bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)768 << 20, .max_tokens = STEP_TOKENS, .max_seqs = 4,
+    /* max_seqs 5: a chain graph of bucket 4 bakes 4 rows + the padding sequence */
+    bk_cuda_opts co = {.device = 0, .arena_bytes = (size_t)768 << 20, .max_tokens = STEP_TOKENS, .max_seqs = 5,
                        .max_len = 160, .block_size = 16, .max_heads = 16, .max_head_dim = 128, .sample_vocab = 49152};
     backend *dev = bk_cuda_create(&co, &err);
     if (!cpu || !dev) { printf("FAIL backends: %s\n", err.msg); return 1; }
     model *mc = dt_model(cpu, 48), *md = dt_model(dev, 48);
     test_pool_truncate(mc, md, head);
     run_out a, b, c, h;
-    run(mc, NULL, false, head, 0, &a);
-    run(md, dev, true, head, 0, &b);
+    run(mc, &(run_mode){0}, head, &a);
+    run(md, &(run_mode){.dev = dev, .aux_dev = true}, head, &b);
     expect_same("features on the device", &a, &b);
     printf("features on the device: %d requests x %d tokens == the CPU engine (%lld drafts, %lld accepted); %d "
            "steps (%d drafting): %zu bytes device -> host in all, %.1f per step, each step exactly the table\n", NREQ,
            GEN, (long long)b.st.spec_num_drafts_total, (long long)b.st.spec_num_accepted_tokens_total, b.steps,
            b.draft_steps, b.d2h, (double)b.d2h / b.steps);
-    run(md, dev, true, head, 6, &c);
+    run(md, &(run_mode){.dev = dev, .aux_dev = true, .feat_chunks = 6}, head, &c);
     expect_same("features on the device, a 6-chunk feature pool", &a, &c);
     EXPECT(c.d2h == b.d2h, "the small pool moved other bytes (%zu vs %zu)", c.d2h, b.d2h);
-    run(md, dev, false, head, 0, &h);
+    run(md, &(run_mode){.dev = dev}, head, &h);
     expect_same("features through the host", &a, &h);
     EXPECT(h.d2h == b.d2h + h.d2h_aux && h.d2h_aux > 0, "the host path moves the table + the aux rows (%zu = %zu + %zu)",
            h.d2h, b.d2h, h.d2h_aux);
     printf("features through the host (before): %zu bytes device -> host, of which %zu aux rows (%.1f per step)\n",
            h.d2h, h.d2h_aux, (double)h.d2h_aux / h.steps);
+    /* adaptive speculation with the head's chain graphs: the engine picks k in 0..K per sequence and step, and
+     * every greedy drafting step replays ONE graph, the one of its largest k; tokens and counters equal the CPU
+     * engine's with adaptive speculation, and both equal plain greedy */
+    run_out pa, aa, ag;
+    run(mc, &(run_mode){.plain = true}, head, &pa);
+    run(mc, &(run_mode){.adaptive = true}, head, &aa);
+    run(md, &(run_mode){.dev = dev, .aux_dev = true, .adaptive = true, .graphs = true}, head, &ag);
+    expect_same("adaptive, chain graphs", &aa, &ag);
+    for (int i = 0; i < NREQ; i++)
+        EXPECT(pa.n[i] == GEN && !memcmp(pa.tok[i], ag.tok[i], sizeof pa.tok[i]) &&
+                   !memcmp(pa.tok[i], a.tok[i], sizeof pa.tok[i]),
+               "request %d: speculative greedy (fixed k, adaptive with graphs) != plain greedy", i);
+    long replays = 0, below = 0;
+    for (int32_t k = 1; k <= K; k++) {
+        EXPECT(ag.gs.replays_k[k] == ag.kg_steps[k], "k = %d: %ld replays of its graph, %ld drafting steps of that "
+               "largest k", k, ag.gs.replays_k[k], ag.kg_steps[k]);
+        replays += ag.kg_steps[k];
+        below += k < K ? ag.kg_steps[k] : 0;
+    }
+    EXPECT(ag.gs.replays == replays && ag.gs.eager == 0 && below > 0 && replays == ag.draft_steps,
+           "adaptive: %ld replays for %d drafting steps (%ld of them with k_max < %d), %ld eager", ag.gs.replays,
+           ag.draft_steps, below, K, ag.gs.eager);
+    printf("adaptive speculation with chain graphs: %d requests x %d tokens == the CPU engine's == plain greedy "
+           "(%lld drafts, %lld accepted); %d drafting steps, each ONE graph launch: by largest k", NREQ, GEN,
+           (long long)ag.st.spec_num_drafts_total, (long long)ag.st.spec_num_accepted_tokens_total, ag.draft_steps);
+    for (int32_t k = 1; k <= K; k++) printf(" %d: %ld", k, ag.kg_steps[k]);
+    printf(" (%ld in a short length class); %zu bytes device -> host\n", ag.gs.short_replays, ag.d2h);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     model_destroy(mc), model_destroy(md);
     bk_cuda_destroy(dev), bk_cpu_destroy(cpu);

@@ -37,9 +37,12 @@
  * head's feature pool): at k = 1 and 4 every draft equals the Part 2 run's
  * (host features: downloaded and uploaded again, exact copies) and the output
  * equals plain greedy.
- * Part 4, the chain draft loop as a CUDA graph (eagle3_graphs_capture, bucket
- * 1): at k = 1 and 4 the drafts equal the eager chain's and every propose
- * replays the graph.
+ * Part 4, the chain draft loop as CUDA graphs (eagle3_graphs_capture, bucket
+ * 1, graphs for every k in 1..K, length classes 4096 / 1024 / 256): at
+ * k = 1 and 4 the drafts equal the eager chain's and every propose replays
+ * the graph of its k; with k varying per step (1, 2, .., 5, 1, ...) at
+ * prompts of 24 and 100 tokens the drafts equal the eager chain's with the
+ * same k, every k's graph replayed, every k >= 2 replay in the 256 class.
  * Exits 77 with the reason without a usable GPU, a target or the head. The
  * arena is 2 GiB (SPECD_CUDA_TEST_ARENA_MB overrides). tests/backend builds
  * this same file against the fake device (backend_cuda_eagle3_on_fake, with
@@ -93,7 +96,10 @@ static model *load_target(const char *path, backend *be) {
  * the model's device aux buffer, model_aux_reserve, for extend_rows). */
 static bool g_dev_aux;
 static bool g_graphs; /* the chain draft loop as CUDA graphs (eagle3_graphs_capture, bucket 1, K = k) */
+static bool g_kvar;   /* propose k = 1 + step % k (adaptive speculation's varying k) instead of k every step */
+static int32_t g_P = P; /* prompt tokens of greedy() */
 static long g_replays;
+static eagle3_graph_stats g_gst; /* the last greedy() run's chain graph stats */
 static int target(model *m, const int32_t *tokens, int32_t n, int32_t pos0, float *logits, const int32_t *layers,
                   float *aux) {
     int32_t pos[MAXT], seq[MAXT] = {0}, out[MAXT];
@@ -215,33 +221,38 @@ static int feed(spec_proposer *sp, const int32_t *tok, int32_t n, int32_t pos0, 
 static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_t *out, int32_t *props) {
     const int32_t V = model_get_config(m)->vocab, H = model_get_config(m)->hidden;
     float *lg = malloc(sizeof(float) * (size_t)MAXT * V), *aux = malloc(sizeof(float) * (size_t)MAXT * 3 * H);
-    int32_t prompt[P], layers[8] = {0}, n_out = 0, mpos = P;
-    for (int32_t i = 0; i < P; i++) prompt[i] = (int32_t)((1000 + 37 * (int64_t)i) % V);
+    const int32_t np = g_P;
+    int32_t prompt[MAXT], layers[8] = {0}, n_out = 0, mpos = np, step = 0;
+    for (int32_t i = 0; i < np; i++) prompt[i] = (int32_t)((1000 + 37 * (int64_t)i) % V);
     spec_proposer *sp = NULL;
     specd_err err = {{0}};
     eagle3_opts o = {.n_blocks = 16, .hot_vocab = hot, .max_rows = MAXT, .max_seqs = 8,
                      .aux_rows = g_dev_aux ? MAXT : 0};
     int32_t n_props = 0;
     if (k > 0 && eagle3_load(dir, m, &o, &sp, &err) < 0) { KN_EXPECT(0, "eagle3_load: %s", err.msg); goto out; }
+    /* bucket 1, graphs for every k in 1..k, length classes 4096, 1024, 256 (floor 64, rounded to 256) */
     static const int32_t bucket1[1] = {1};
-    if (sp && g_graphs && eagle3_graphs_capture(sp, bucket1, 1, k, &err) < 0) { KN_EXPECT(0, "chain graphs: %s", err.msg); goto out; }
+    const eagle3_graph_opts gopt = {.buckets = bucket1, .n_buckets = 1, .k = k, .max_len = 4096, .len_floor = 64};
+    if (sp && g_graphs && eagle3_graphs_capture(sp, &gopt, &err) < 0) { KN_EXPECT(0, "chain graphs: %s", err.msg); goto out; }
     if (sp) sp->ops->aux_layers(sp->ctx, layers);
-    if (target(m, prompt, P, 0, lg, layers, sp ? aux : NULL) < 0) goto out;
-    int32_t x = argmax(lg + (size_t)(P - 1) * V, V);
-    if (sp && (feed(sp, prompt, P, 0, aux, &err) < 0 ||
-               sp->ops->extend(sp->ctx, 1, &x, 1, P, NULL, &err) < 0)) { KN_EXPECT(0, "extend: %s", err.msg); goto out; }
+    if (target(m, prompt, np, 0, lg, layers, sp ? aux : NULL) < 0) goto out;
+    int32_t x = argmax(lg + (size_t)(np - 1) * V, V);
+    if (sp && (feed(sp, prompt, np, 0, aux, &err) < 0 ||
+               sp->ops->extend(sp->ctx, 1, &x, 1, np, NULL, &err) < 0)) { KN_EXPECT(0, "extend: %s", err.msg); goto out; }
     out[n_out++] = x;
     while (n_out < GEN && !kn_fails) {
         int32_t batch[9], d[8], a = 0;
+        const int32_t ks = g_kvar && k > 0 ? 1 + step % k : k;
+        step++;
         batch[0] = x;
         if (sp) {
             int64_t id = 1;
             float t0 = 0.0f;
-            if (sp->ops->propose(sp->ctx, &id, &k, 1, k, &t0, d, NULL, &err) < 0) { KN_EXPECT(0, "propose: %s", err.msg); break; }
-            for (int j = 0; j < k; j++) batch[1 + j] = d[j] >= 0 ? d[j] : 0;
-            for (int j = 0; j < k && props && n_props < GEN * 5; j++) props[n_props++] = d[j];
+            if (sp->ops->propose(sp->ctx, &id, &ks, 1, ks, &t0, d, NULL, &err) < 0) { KN_EXPECT(0, "propose: %s", err.msg); break; }
+            for (int j = 0; j < ks; j++) batch[1 + j] = d[j] >= 0 ? d[j] : 0;
+            for (int j = 0; j < ks && props && n_props < GEN * 5; j++) props[n_props++] = d[j];
         }
-        const int32_t nb = sp ? k + 1 : 1;
+        const int32_t nb = sp ? ks + 1 : 1;
         if (target(m, batch, nb, mpos, lg, layers, sp ? aux : NULL) < 0) break;
         while (a < nb - 1 && argmax(lg + (size_t)a * V, V) == batch[1 + a]) a++;
         const int32_t next = argmax(lg + (size_t)a * V, V);
@@ -257,6 +268,7 @@ static void greedy(model *m, const char *dir, const char *hot, int32_t k, int32_
     }
 out:
     g_replays += eagle3_graph_replays(sp);
+    eagle3_graph_get_stats(sp, &g_gst);
     free(lg), free(aux);
     eagle3_destroy(sp);
 }
@@ -318,23 +330,55 @@ int main(void) {
     g_dev_aux = false;
     printf("features on the device (k = 1, 4): drafts identical to the host-feature runs, output == plain greedy: %s\n",
            kn_fails ? "NO" : "yes");
-    /* Part 4: the chain draft loop replayed as a CUDA graph (bucket 1, K = k): the eager chain's drafts, bit for
-     * bit (the same kernels on the same inputs; the graph bakes the backend's length bound, which does not
-     * change a token's arithmetic), and every propose a replay */
-    g_graphs = true;
+    /* Part 4: the chain draft loop replayed as CUDA graphs (bucket 1, graphs for every k in 1..K, length classes
+     * 4096 / 1024 / 256): the eager chain's drafts, bit for bit (the same kernels on the same inputs; the class
+     * bound does not change a token's arithmetic), every propose a replay of the graph of ITS k, in the class its
+     * positions need (prompts of 24 and 100 tokens: the 256 class, a quarter of the backend's 4096 grid).
+     * First with k fixed (K = 1, 4), then with k varying per step (1 + step % 5, adaptive speculation's pattern) */
     for (int32_t k = 1; k <= 4; k += 3) {
         int32_t out[GEN] = {0}, props[GEN * 5];
         memset(props, 0xff, sizeof props);
         const long r0 = g_replays;
+        g_graphs = true;
         greedy(mg, head, NULL, k, out, props);
+        g_graphs = false;
         KN_EXPECT(!memcmp(out, ref, sizeof ref), "k=%d, chain graphs: speculative greedy != plain greedy", k);
         KN_EXPECT(!memcmp(props, props_host[k == 4], sizeof props), "k=%d: the graph chain's drafts differ from the eager "
                "chain's", k);
-        KN_EXPECT(g_replays - r0 >= GEN / (k + 1), "k=%d: %ld proposes replayed the chain graph", k, g_replays - r0);
+        KN_EXPECT(g_replays - r0 >= GEN / (k + 1) && g_gst.replays_k[k] == g_replays - r0,
+                  "k=%d: %ld proposes replayed a chain graph, %ld of them the %d-step one", k, g_replays - r0,
+                  g_gst.replays_k[k], k);
     }
-    g_graphs = false;
-    printf("chain draft loop as CUDA graphs (k = 1, 4): drafts identical to the eager chain, output == plain greedy: "
-           "%s\n", kn_fails ? "NO" : "yes");
+    for (int32_t pl = 24; pl <= 100; pl += 76) {
+        int32_t ref_p[GEN] = {0}, out_e[GEN] = {0}, out_g[GEN] = {0}, pr_e[GEN * 5], pr_g[GEN * 5];
+        memset(pr_e, 0xff, sizeof pr_e), memset(pr_g, 0xff, sizeof pr_g);
+        g_P = pl;
+        greedy(mg, head, NULL, 0, ref_p, NULL); /* plain greedy at this prompt length */
+        g_kvar = true;
+        greedy(mg, head, NULL, 5, out_e, pr_e); /* eager chain, k = 1, 2, 3, 4, 5, 1, ... */
+        g_graphs = true;
+        const long r0 = g_replays;
+        greedy(mg, head, NULL, 5, out_g, pr_g);
+        g_graphs = g_kvar = false;
+        long by_k = 0;
+        for (int32_t k = 1; k <= 5; k++) by_k += g_gst.replays_k[k] > 0;
+        KN_EXPECT(!memcmp(out_e, ref_p, sizeof ref_p) && !memcmp(out_g, ref_p, sizeof ref_p),
+                  "prompt %d, k varying: speculative greedy (eager / graphs) != plain greedy", pl);
+        KN_EXPECT(!memcmp(pr_e, pr_g, sizeof pr_e), "prompt %d, k varying: the graph chain's drafts differ from the "
+                  "eager chain's", pl);
+        KN_EXPECT(g_replays - r0 >= 4 && by_k == 5 && g_gst.eager == 0, "prompt %d: %ld replays, %ld distinct k, %ld "
+                  "eager", pl, g_replays - r0, by_k, g_gst.eager);
+        /* classes 4096, 1024, 256 (rounded up to the attention's 256-position split): both contexts stay below
+         * 256 positions, so every replay of k >= 2 is in the 256 class, below the backend's 4096 */
+        KN_EXPECT(g_gst.n_classes == 3 && g_gst.classes[2] == 256 && g_gst.last_L == 256 &&
+                      g_gst.short_replays == g_gst.replays - g_gst.replays_k[1],
+                  "prompt %d: the last replay in class %d, %ld short replays of %ld (%d classes)", pl, g_gst.last_L,
+                  g_gst.short_replays, g_gst.replays - g_gst.replays_k[1], g_gst.n_classes);
+    }
+    g_P = P;
+    printf("chain draft loop as CUDA graphs (k = 1, 4 fixed; k = 1..5 varying per step, prompts of 24 and 100 "
+           "tokens: class 256 of 4096): drafts identical to the eager chain, output == plain greedy: %s\n",
+           kn_fails ? "NO" : "yes");
     model_destroy(mc), model_destroy(mg);
     bk_cuda_destroy(gpu);
     bk_cpu_destroy(cpu);
