@@ -66,6 +66,16 @@ int st_plan_rows(st_plan *p, const st_model *m, const st_tensor *t, int64_t row0
     return plan_add(p, t->shard, st_tensor_file_offset(m, t) + (uint64_t)row0 * rb, (uint64_t)nrows * rb, err);
 }
 
+int st_plan_row_parts(st_plan *p, const st_model *m, const st_tensor *t, int64_t part, int64_t n, specd_err *err) {
+    if (t->n_dims < 1 || t->shape[0] <= 0 || n < 1 || part < 0 || part >= n || (t->nbytes / (uint64_t)t->shape[0]) % (uint64_t)n)
+        return specd_err_set(err, "load plan: part %lld of %lld of the rows of tensor '%s'", (long long)part, (long long)n,
+                             t->name);
+    const uint64_t rb = t->nbytes / (uint64_t)t->shape[0], len = rb / (uint64_t)n, base = st_tensor_file_offset(m, t);
+    for (int64_t r = 0; r < t->shape[0]; r++)
+        if (plan_add(p, t->shard, base + (uint64_t)r * rb + (uint64_t)part * len, len, err) < 0) return -1;
+    return 0;
+}
+
 static int cmp_range(const void *a, const void *b) {
     const st_range *x = a, *y = b;
     if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;

@@ -49,6 +49,9 @@ void st_plan_free(st_plan *p);
 int st_plan_whole(st_plan *p, const st_model *m, const st_tensor *t, specd_err *err);
 /* Rows [row0, row0 + nrows) of T (its outermost dimension: a contiguous run for a row-major tensor). */
 int st_plan_rows(st_plan *p, const st_model *m, const st_tensor *t, int64_t row0, int64_t nrows, specd_err *err);
+/* The column-byte range [rb * part / n, rb * (part + 1) / n) of every row (rb = the bytes of a row, its
+ * outermost index), one range per row: a row-parallel slice read as it is laid out. N must divide rb. */
+int st_plan_row_parts(st_plan *p, const st_model *m, const st_tensor *t, int64_t part, int64_t n, specd_err *err);
 /* Sum of the plan's lengths after merging (what st_prefetch will read); sorts and merges P in place. */
 uint64_t st_plan_merge(st_plan *p);
 

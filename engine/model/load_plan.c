@@ -13,12 +13,15 @@
  *           group scales); Llama k/v with fewer KV heads than ranks: the
  *           rows of the one KV head the rank uses; the LM head when N
  *           divides the vocabulary (else whole, as tp_shard.c keeps it)
- *   row     the whole tensor (o_proj, down_proj, every expert's down): a
- *           rank's columns are a strided run of a few hundred bytes to a
- *           few KiB per row, smaller than a page, so the storage reads every
- *           page anyway; whole rows in one large read and the column copy
- *           in memory (model_slice_cols) is the faster of the two
- *           (docs/kimi-k2.5.md "Loading at scale" has the measurement)
+ *   row     (o_proj, down_proj, every expert's down) the rank's columns of
+ *           every row, one pread each, when that part is at least
+ *           m->load_row_min bytes (default MODEL_LOAD_ROW_MIN = 1 KiB); else
+ *           the whole tensor in large reads, and model_slice_cols copies
+ *           the columns in memory. Measured (tests/perf/bench_load,
+ *           docs/kimi-k2.5.md "Loading at scale"): 1 KiB of 8 KiB rows reads
+ *           1.5x (cold) to 3x (cached) faster per row; 128 B of 1 KiB rows
+ *           (Kimi's int4 expert down_proj at TP 8) as fast cold and 3.5x
+ *           slower cached, a syscall per 128 bytes
  *   replicated  whole (norms, the latent down-projections, the router,
  *           the embedding: every rank looks up any token id)
  *   not read: tensors with no role (vision tower), layers past
@@ -62,7 +65,17 @@ static int plan_column(st_plan *p, const st_model *st, const st_tensor *t, int32
     return st_plan_rows(p, st, t, (int64_t)r * n, n, err);
 }
 
-static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, specd_err *err) {
+/* A row-parallel tensor: the rank's columns row by row when they are at least ROW_MIN bytes a row, else whole. */
+static int plan_row(st_plan *p, const st_model *st, const st_tensor *t, int32_t r, int32_t N, int64_t row_min,
+                    specd_err *err) {
+    const uint64_t rb = t->n_dims == 2 && t->shape[0] > 0 ? t->nbytes / (uint64_t)t->shape[0] : 0;
+    if (N > 1 && rb && t->shape[1] % N == 0 && rb % (uint64_t)N == 0 && rb / (uint64_t)N >= (uint64_t)row_min)
+        return st_plan_row_parts(p, st, t, r, N, err);
+    return st_plan_whole(p, st, t, err);
+}
+
+static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, int64_t row_min,
+                      specd_err *err) {
     for (size_t i = 0; i < st_n_tensors(st); i++) {
         const st_tensor *t = st_tensor_at(st, i);
         const char *nm = t->name;
@@ -80,12 +93,16 @@ static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32
         }
         const tp_style s = model_linear_parallel(nm);
         const bool embed = strstr(nm, "embed_tokens") != NULL;
-        if (s == TP_COLUMN && !embed ? plan_column(p, st, t, r, N, err) < 0 : st_plan_whole(p, st, t, err) < 0) return -1;
+        const int rc = s == TP_COLUMN && !embed ? plan_column(p, st, t, r, N, err)
+                       : s == TP_ROW          ? plan_row(p, st, t, r, N, row_min, err)
+                                              : st_plan_whole(p, st, t, err);
+        if (rc < 0) return -1;
     }
     return 0;
 }
 
-static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, specd_err *err) {
+static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, int64_t row_min,
+                     specd_err *err) {
     for (size_t i = 0; i < st_n_tensors(st); i++) {
         const st_tensor *t = st_tensor_at(st, i);
         const char *nm = t->name;
@@ -99,7 +116,9 @@ static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_
             if (hc->tie_embeddings) continue;
             rc = plan_column(p, st, t, r, hc->vocab % N == 0 ? N : 1, err);
         } else {
-            rc = s == TP_COLUMN ? plan_column(p, st, t, r, N, err) : st_plan_whole(p, st, t, err);
+            rc = s == TP_COLUMN ? plan_column(p, st, t, r, N, err)
+                 : s == TP_ROW  ? plan_row(p, st, t, r, N, row_min, err)
+                                : st_plan_whole(p, st, t, err);
         }
         if (rc < 0) return -1;
     }
@@ -116,7 +135,9 @@ int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err)
     if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
     st_plan p = {0};
     st_load_stats s;
-    const int rc = hc->arch == MODEL_ARCH_LLAMA ? plan_llama(&p, *out, hc, r, N, err) : plan_dsv3(&p, *out, hc, r, N, err);
+    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
+    const int rc = hc->arch == MODEL_ARCH_LLAMA ? plan_llama(&p, *out, hc, r, N, row_min, err)
+                                                : plan_dsv3(&p, *out, hc, r, N, row_min, err);
     if (rc < 0 || st_prefetch(*out, &p, m->load_threads, &s, err) < 0) {
         st_plan_free(&p);
         return -1;

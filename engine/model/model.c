@@ -175,6 +175,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     m->load_threads = opts ? opts->load_threads : 0;
     m->load_lazy = opts && opts->load_lazy;
     m->load_st_flags = opts ? opts->load_st_flags : 0;
+    m->load_row_min = opts ? opts->load_row_min : 0;
     const double t0 = model_now_s();
     if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
         hf_config hc;

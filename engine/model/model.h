@@ -84,7 +84,11 @@ typedef struct model_load_opts {
                                 are first used, on the loading thread (the path before issue 19; the tests'
                                 reference) */
     unsigned load_st_flags;  /* st_open_ex flags: 0, or the test aid ST_OPEN_POISON (safetensors.h) */
+    int32_t load_row_min;    /* a row-parallel tensor is read row by row (the rank's columns) when they are at
+                                least this many bytes a row, else whole (0: MODEL_LOAD_ROW_MIN) */
 } model_load_opts;
+
+#define MODEL_LOAD_ROW_MIN 1024 /* load_plan.c: measured by tests/perf/bench_load */
 
 /* What loading cost this rank (model_get_load_info). */
 typedef struct model_load_info {

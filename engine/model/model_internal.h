@@ -76,6 +76,7 @@ struct model {
     unsigned load_st_flags;           /* st_open_ex flags (the test aid ST_OPEN_POISON) */
     int32_t load_threads;             /* reader threads (0: st_load_threads_default) */
     bool load_lazy;                   /* no reads up front: the mapping faults pages in as the views are used */
+    int32_t load_row_min;             /* model_load_opts.load_row_min */
     model_load_info load_info;
 };
 

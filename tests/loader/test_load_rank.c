@@ -123,18 +123,23 @@ typedef struct rank_model {
     model_comm mc;
 } rank_model;
 
-static int load_rank(const char *dir, int N, int r, int threads, bool lazy, unsigned flags, rank_model *out,
-                     specd_err *err) {
+static int load_rank_rm(const char *dir, int N, int r, int threads, bool lazy, unsigned flags, int row_min,
+                        rank_model *out, specd_err *err) {
     memset(out, 0, sizeof *out);
     out->mc = (model_comm){.rank = r, .size = N, .all_reduce = null_all_reduce};
     out->be = bk_cpu_create(1);
     model_load_opts o = {.block_size = 16, .n_blocks = 8, .tp = N > 1 ? &out->mc : NULL, .load_threads = threads,
-                         .load_lazy = lazy, .load_st_flags = flags};
+                         .load_lazy = lazy, .load_st_flags = flags, .load_row_min = row_min};
     if (model_load(dir, out->be, &o, &out->m, err) < 0) {
         bk_cpu_destroy(out->be);
         return -1;
     }
     return 0;
+}
+
+static int load_rank(const char *dir, int N, int r, int threads, bool lazy, unsigned flags, rank_model *out,
+                     specd_err *err) {
+    return load_rank_rm(dir, N, r, threads, lazy, flags, 0, out, err);
 }
 
 static void unload(rank_model *x) {
@@ -185,6 +190,18 @@ static void check_rank(const char *dir, const char *name, int N, int r) {
         unload(&ref), unload(&p5);
         return;
     }
+    /* row-parallel tensors read row by row (every row's part, however small: load_row_min 1) */
+    rank_model pr;
+    model_load_info ir;
+    if (load_rank_rm(dir, N, r, 4, false, ST_OPEN_POISON, 1, &pr, &err) < 0) {
+        CHECK(0, "%s: planned load, row parts: %s", label, err.msg);
+    } else {
+        char l3[240];
+        snprintf(l3, sizeof l3, "%s poisoned, row parts read per row vs lazy", label);
+        same_weights(l3, ref.m, pr.m);
+        model_get_load_info(pr.m, &ir);
+        unload(&pr);
+    }
     model_load_info i5, i1, il;
     model_get_load_info(p5.m, &i5);
     model_get_load_info(p1.m, &i1);
@@ -203,8 +220,10 @@ static void check_rank(const char *dir, const char *name, int N, int r) {
           (long long)i5.bytes_files, (long long)il.bytes_files, (long long)i5.bytes_read);
     CHECK(N == 1 || i5.bytes_read < i5.bytes_files, "%s: a TP %d rank read %lld of %lld bytes", label, N,
           (long long)i5.bytes_read, (long long)i5.bytes_files);
-    printf("  %s: read %lld of %lld bytes in files, %lld bytes of weights kept\n", label, (long long)i5.bytes_read,
-           (long long)i5.bytes_files, (long long)i5.bytes_loaded);
+    CHECK(N == 1 ? ir.bytes_read == i5.bytes_read : ir.bytes_read < i5.bytes_read,
+          "%s: row parts read %lld bytes, whole rows %lld", label, (long long)ir.bytes_read, (long long)i5.bytes_read);
+    printf("  %s: read %lld (row parts: %lld) of %lld bytes in files, %lld bytes of weights kept\n", label,
+           (long long)i5.bytes_read, (long long)ir.bytes_read, (long long)i5.bytes_files, (long long)i5.bytes_loaded);
     unload(&ref), unload(&p5), unload(&p1);
 }
 
@@ -323,10 +342,11 @@ static const char *fixture(const char *env, const char *sub, char *buf, size_t c
 }
 
 int main(int argc, char **argv) {
-    if (argc == 6 && !strcmp(argv[1], "probe")) { /* test_load_bytes.py: one rank's figures */
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "probe")) { /* test_load_bytes.py: one rank's figures */
         specd_err err = {{0}};
         rank_model x;
-        if (load_rank(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), false, 0, &x, &err) < 0) {
+        if (load_rank_rm(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), false, 0, argc == 7 ? atoi(argv[6]) : 0,
+                         &x, &err) < 0) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
         }
