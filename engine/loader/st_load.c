@@ -83,6 +83,10 @@ static int cmp_range(const void *a, const void *b) {
 }
 
 uint64_t st_plan_merge(st_plan *p) {
+    size_t m = 0;
+    for (size_t i = 0; i < p->n; i++) /* empty ranges go first */
+        if (p->r[i].len) p->r[m++] = p->r[i];
+    p->n = m;
     if (!p->n) return 0;
     qsort(p->r, p->n, sizeof *p->r, cmp_range);
     size_t k = 0;

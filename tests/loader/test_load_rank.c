@@ -330,6 +330,29 @@ static void check_faults(const char *kimi_dir) {
     rm_dir(d, 4);
 }
 
+/* st_plan_merge on hand-made ranges: overlapping, adjacent and disjoint runs, two shards. */
+static void check_merge(void) {
+    st_plan p = {0};
+    const st_range in[] = {{0, 30, 10}, {1, 0, 5}, {0, 5, 10}, {0, 0, 10}, {0, 15, 5}, {1, 10, 0}, {0, 36, 2}};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+        if (p.n == p.cap) {
+            p.cap = p.cap ? 2 * p.cap : 8;
+            p.r = realloc(p.r, p.cap * sizeof *p.r);
+        }
+        p.r[p.n++] = in[i];
+    }
+    /* shard 0: [0,10) [5,15) [15,20) -> [0,20); [30,40) [36,38) -> [30,40); shard 1: [0,5), and an empty one */
+    const uint64_t sum = st_plan_merge(&p);
+    CHECK(sum == 20 + 10 + 5 && p.n == 3, "merge: %llu bytes in %zu ranges (want 35 in 3)",
+          (unsigned long long)sum, p.n);
+    CHECK(p.n >= 3 && p.r[0].shard == 0 && p.r[0].off == 0 && p.r[0].len == 20 && p.r[1].off == 30 && p.r[1].len == 10 &&
+              p.r[2].shard == 1 && p.r[2].off == 0 && p.r[2].len == 5,
+          "merge: ranges [%d %llu+%llu] [%d %llu+%llu] [%d %llu+%llu]", p.r[0].shard, (unsigned long long)p.r[0].off,
+          (unsigned long long)p.r[0].len, p.r[1].shard, (unsigned long long)p.r[1].off, (unsigned long long)p.r[1].len,
+          p.r[2].shard, (unsigned long long)p.r[2].off, (unsigned long long)p.r[2].len);
+    st_plan_free(&p);
+}
+
 /* ------------------------------------------------------------ main */
 
 static const char *fixture(const char *env, const char *sub, char *buf, size_t cap) {
@@ -380,6 +403,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3 && CASES[c].tp[k]; k++)
             for (int r = 0; r < CASES[c].tp[k]; r++) check_rank(CASES[c].dir, CASES[c].name, CASES[c].tp[k], r);
     }
+    check_merge();
     check_default(wide8, "kimi wide8", 2, 1);
     check_default(hshard, "hf sharded f16", 4, 3);
     check_faults(k25);
