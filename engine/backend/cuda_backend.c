@@ -168,7 +168,8 @@ typedef struct cu_ctx {
     cudaEvent_t stage_ev[CU_STAGE_SLOTS];
     int stage_k;                /* the slot the next chunk goes to (rotates across calls) */
     cudaStream_t copy_stream;
-    cudaEvent_t copy_done;
+    cudaEvent_t copy_done;      /* recorded on copy_stream after a cu_stage_copy's last chunk */
+    cudaEvent_t compute_mark;   /* recorded on the compute stream before one: copies wait for earlier work */
     /* step metadata: device buffers, pinned host mirror, an event guarding the mirror */
     int32_t *d_pos, *d_seq, *d_bt;
     uint8_t *d_mask;
@@ -371,12 +372,16 @@ static const char *cu_last_error(void *vctx) {
 /* Host -> device through the pinned staging ring: chunk i goes to slot k = (stage_k + i) mod CU_STAGE_SLOTS,
  * which is refilled (memcpy from SRC: the weights' mapped file, whose pages the loader's readers put in the
  * page cache, or a repacked host copy) only once its previous copy has finished (its event), then copied
- * to DST on copy_stream; so the host fills one slot while the copy engine drains the others. The compute
- * stream waits (copy_done) for the last copy before anything queued after this call. SRC may be freed
- * when this returns (every byte is in a slot or on the device by then). */
+ * to DST on copy_stream; so the host fills one slot while the copy engine drains the others. Both streams
+ * stay ordered as if the copies ran on the compute stream: the copies wait (compute_mark) for the work
+ * queued before this call (DST may be arena memory a kernel still reads), and the compute stream waits
+ * (copy_done) for the last copy before anything queued after it. SRC may be freed when this returns
+ * (every byte is in a slot or on the device by then). */
 static int cu_stage_copy(cu_ctx *c, char *d, const void *src, size_t bytes) {
     const size_t slot = c->stage_bytes / CU_STAGE_SLOTS;
     const char *s = src;
+    CU_CHECK(cudaEventRecord(c->compute_mark, c->stream));
+    CU_CHECK(cudaStreamWaitEvent(c->copy_stream, c->compute_mark, 0));
     for (size_t off = 0; off < bytes; off += slot, c->stage_k = (c->stage_k + 1) % CU_STAGE_SLOTS) {
         const int k = c->stage_k;
         const size_t n = bytes - off < slot ? bytes - off : slot;
@@ -1231,6 +1236,7 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
         CREATE_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
     CREATE_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->copy_done, cudaEventDisableTiming));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->meta_ev, cudaEventDisableTiming));
     /* the metadata mirror: pos [T] | seq [T] | bt [max_seqs * bt_cap] + need [max_seqs] | flags [2] | mask [T * T] */
     const size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs, bt = S * (size_t)c->bt_cap;
@@ -1316,6 +1322,7 @@ void bk_cuda_destroy(backend *b) {
         CU_TEARDOWN(cudaStreamDestroy(c->copy_stream));
     }
     if (c->copy_done) CU_TEARDOWN(cudaEventDestroy(c->copy_done));
+    if (c->compute_mark) CU_TEARDOWN(cudaEventDestroy(c->compute_mark));
     for (int i = 0; i < CU_STAGE_SLOTS; i++) if (c->stage_ev[i]) CU_TEARDOWN(cudaEventDestroy(c->stage_ev[i]));
     if (c->meta_ev) CU_TEARDOWN(cudaEventDestroy(c->meta_ev));
     if (c->stage) CU_TEARDOWN(cudaFreeHost(c->stage));

@@ -1,7 +1,9 @@
 /*
  * safetensors.c: the safetensors reader and writer behind safetensors.h.
  *
- * Owns: the read-only mappings of every shard (or one borrowed buffer), the
+ * Owns: the read-only mappings of every shard (or one borrowed buffer; or,
+ * with the test aid ST_OPEN_POISON, an anonymous copy of each file holding
+ * only its header until st_load.c fills ranges), each shard's path, the
  * tensor table with copied names, the merged __metadata__ pairs, and a
  * name-sorted index for O(log n) lookup and duplicate detection.
  *
