@@ -22,7 +22,8 @@
  * (cu_stage_copy: CU_STAGE_SLOTS slots of staging_bytes / 3, each refilled
  * only after its event says its previous copy finished, copied on a copy
  * stream that the compute stream then waits for: the host fills one slot
- * while two copies are in flight); meta_upload through one pinned buffer
+ * while two copies are in flight; the fill split over min(4, cores) host
+ * threads); meta_upload through one pinned buffer
  * guarded by an event so a step never overwrites what the previous copy is
  * still reading. download is the only call that waits (stream sync); it
  * also reads the two flags when a launch since the last download could have
@@ -91,6 +92,9 @@ void *bk_cuda_stream(const backend *b) { (void)b; return NULL; }
 
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
+#include "engine/backend/threadpool.h"
 #include "kernels/kn.h"
 #include "kernels/kn_attn.h"
 #include "kernels/kn_linear.h"
@@ -170,6 +174,7 @@ typedef struct cu_ctx {
     cudaStream_t copy_stream;
     cudaEvent_t copy_done;      /* recorded on copy_stream after a cu_stage_copy's last chunk */
     cudaEvent_t compute_mark;   /* recorded on the compute stream before one: copies wait for earlier work */
+    tpool *fill_pool;           /* min(4, cores) threads filling a slot in 1 MiB pieces (NULL: memcpy alone) */
     /* step metadata: device buffers, pinned host mirror, an event guarding the mirror */
     int32_t *d_pos, *d_seq, *d_bt;
     uint8_t *d_mask;
@@ -377,6 +382,17 @@ static const char *cu_last_error(void *vctx) {
  * queued before this call (DST may be arena memory a kernel still reads), and the compute stream waits
  * (copy_done) for the last copy before anything queued after it. SRC may be freed when this returns
  * (every byte is in a slot or on the device by then). */
+/* One slot's memcpy in CU_FILL_PIECE pieces over the fill pool (one host thread copies ~10 GB/s; PCIe 5
+ * takes ~50). */
+#define CU_FILL_PIECE ((size_t)1 << 20)
+typedef struct cu_fill { char *dst; const char *src; size_t n; } cu_fill;
+static void cu_fill_piece(void *arg, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const cu_fill *f = arg;
+    const size_t o = (size_t)b * CU_FILL_PIECE, end = (size_t)e * CU_FILL_PIECE < f->n ? (size_t)e * CU_FILL_PIECE : f->n;
+    memcpy(f->dst + o, f->src + o, end - o);
+}
+
 static int cu_stage_copy(cu_ctx *c, char *d, const void *src, size_t bytes) {
     const size_t slot = c->stage_bytes / CU_STAGE_SLOTS;
     const char *s = src;
@@ -387,7 +403,10 @@ static int cu_stage_copy(cu_ctx *c, char *d, const void *src, size_t bytes) {
         const size_t n = bytes - off < slot ? bytes - off : slot;
         char *st = c->stage + (size_t)k * slot;
         CU_CHECK(cudaEventSynchronize(c->stage_ev[k]));
-        memcpy(st, s + off, n);
+        if (c->fill_pool && n > CU_FILL_PIECE)
+            tpool_run(c->fill_pool, cu_fill_piece, &(cu_fill){st, s + off, n}, (int64_t)((n + CU_FILL_PIECE - 1) / CU_FILL_PIECE), 1);
+        else
+            memcpy(st, s + off, n);
         CU_CHECK(cudaMemcpyAsync(d + off, st, n, cudaMemcpyHostToDevice, c->copy_stream));
         CU_CHECK(cudaEventRecord(c->stage_ev[k], c->copy_stream));
     }
@@ -1237,6 +1256,10 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
     CREATE_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->copy_done, cudaEventDisableTiming));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
+    {
+        const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        c->fill_pool = tpool_create(nc >= 4 ? 4 : nc > 1 ? (int)nc : 1); /* NULL (no threads): memcpy alone */
+    }
     CREATE_CHECK(cudaEventCreateWithFlags(&c->meta_ev, cudaEventDisableTiming));
     /* the metadata mirror: pos [T] | seq [T] | bt [max_seqs * bt_cap] + need [max_seqs] | flags [2] | mask [T * T] */
     const size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs, bt = S * (size_t)c->bt_cap;
@@ -1329,6 +1352,7 @@ void bk_cuda_destroy(backend *b) {
     if (c->h_pos) CU_TEARDOWN(cudaFreeHost(c->h_pos));
     if (c->sm_h) CU_TEARDOWN(cudaFreeHost(c->sm_h));
     if (c->arena) CU_TEARDOWN(cudaFree(c->arena));
+    tpool_destroy(c->fill_pool);
     free(c->free_list);
     free(c->live);
     free(c);
