@@ -19,9 +19,9 @@
  *           the whole tensor in large reads, and model_slice_cols copies
  *           the columns in memory. Measured (tests/perf/bench_load,
  *           docs/kimi-k2.5.md "Loading at scale"): 1 KiB of 8 KiB rows reads
- *           1.5x (cold) to 3x (cached) faster per row; 128 B of 1 KiB rows
- *           (Kimi's int4 expert down_proj at TP 8) as fast cold and 3.5x
- *           slower cached, a syscall per 128 bytes
+ *           1.2-1.5x (cold) and 2.4-3x (cached) faster per row; 128 B of 1 KiB
+ *           rows (Kimi's int4 expert down_proj at TP 8) no faster cold and
+ *           3.5-4x slower cached, a syscall per 128 bytes
  *   replicated  whole (norms, the latent down-projections, the router,
  *           the embedding: every rank looks up any token id)
  *   not read: tensors with no role (vision tower), layers past
