@@ -498,11 +498,14 @@ static int tp_agree(comm *c, const specd_config *cfg, backend *be, int64_t *kv_b
  * speeds, so no per-call timeout while it waits (a dead rank is still caught
  * by rank 0's monitor and PR_SET_PDEATHSIG). Every rank must have sized the
  * same KV pool: the scheduler's block ids are used on all of them. */
-#define TP_MEM_WORDS 4
+#define TP_MEM_WORDS SPECD_RANK_WORDS
 static int tp_gather_memory(comm *c, const model *m, int64_t *out, specd_err *err) {
     model_shard_info si;
     model_get_shard(m, &si);
-    int64_t mine[TP_MEM_WORDS] = {si.weight_bytes, si.kv_bytes, model_kv_n_blocks(m), model_kv_block_size(m)};
+    model_load_info li;
+    model_get_load_info(m, &li);
+    int64_t mine[TP_MEM_WORDS] = {si.weight_bytes, si.kv_bytes, model_kv_n_blocks(m), model_kv_block_size(m),
+                                  li.bytes_read, li.bytes_files, (int64_t)(li.seconds * 1e6), li.threads};
     if (!c) {
         memcpy(out, mine, sizeof mine);
         return 0;
@@ -649,7 +652,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
     if (bundle_backend(model_path, cfg, 0, b->rk ? cfg->tensor_parallel_size : 1, b, &kv_bytes, err) < 0) goto fail;
     if (b->rk && tp_agree(ranks_comm(b->rk), cfg, b->be, &kv_bytes, &b->tp_dev, &b->tp_comm, err) < 0) goto fail;
     model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = kv_bytes, .n_blocks = 0,
-                          .tp = b->rk ? &b->tp_comm : NULL};
+                          .tp = b->rk ? &b->tp_comm : NULL, .load_threads = cfg->load_threads};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
         specd_err_wrap(err, "loading %s", model_path);
         goto fail;
@@ -945,7 +948,7 @@ int specd_tp_worker_main(int argc, char **argv) {
         comm_abort(c, err.msg); /* the group's reason: "rank R: ..." */
         goto out;
     }
-    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc};
+    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc, .load_threads = cfg.load_threads};
     if (model_load(pos[0], wb.be, &mo, &m, &err) < 0) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "loading the shard: %.200s", err.msg);

@@ -23,6 +23,8 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "server/config.h"
 
+#define SPECD_RANK_WORDS 8 /* int64 words per rank in specd_bundle.rank_mem */
+
 typedef struct specd_bundle {
     backend *be;
     backend *draft_be;        /* the draft head's own CPU backend when the target runs on cuda but the head
@@ -43,7 +45,9 @@ typedef struct specd_bundle {
     tp_dev_comm *tp_dev;                 /* cuda: the collectives on device memory (--tp-comm), else NULL */
     tp_runner tp_run;
     int n_ranks;                         /* 1 without TP */
-    int64_t rank_mem[4 * 64];            /* per rank: weight bytes, KV bytes, KV blocks, block size (gathered after loading) */
+    int64_t rank_mem[SPECD_RANK_WORDS * 64]; /* per rank: weight bytes, KV bytes, KV blocks, block size, then the load:
+                                                 bytes read, bytes in the files, microseconds, reader threads
+                                                 (gathered after loading) */
     int32_t graph_buckets[32];           /* cuda: CUDA-graph batch buckets planned (0 of them: eager) */
     int32_t n_graph_buckets;
     size_t graph_reserve;                /* cuda: device bytes the plan keeps outside the arena for the graphs */

@@ -56,6 +56,9 @@ const cfg_option specd_serve_options[] = {
      "seconds an idle connection is kept (0 = forever)"},
     {"http-threads", CFG_INT, "4", 1, 256, OFF(http_threads), 0, NULL, "HTTP polling threads"},
     {"threads", CFG_INT, "0", 0, 1024, OFF(threads), CFG_ENGINE, NULL, "CPU compute threads (0 = all cores)"},
+    {"load-threads", CFG_INT, "0", 0, 64, OFF(load_threads), CFG_ENGINE, NULL,
+     "threads each rank reads its byte ranges of a safetensors checkpoint with (0 = min(8, cores); vLLM: "
+     "--model-loader-extra-config '{\"num_threads\": N}'; docs/kimi-k2.5.md \"Loading at scale\")"},
     {"tensor-parallel-size", CFG_INT, "1", 1, 64, OFF(tensor_parallel_size), CFG_ENGINE, NULL,
      "ranks the target is split across (Megatron layout; each rank a process of this binary with --threads "
      "threads; rank 0 serves HTTP; docs/engine.md)"},

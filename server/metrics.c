@@ -42,12 +42,24 @@ struct metrics {
     histo ttft, tpot, e2e;
     int n_ranks;                      /* tensor-parallel ranks reported (0: none yet) */
     int64_t rank_weight_bytes[METRICS_MAX_RANKS], rank_kv_bytes[METRICS_MAX_RANKS];
+    int n_load;                       /* ranks with load figures (0: none yet) */
+    double rank_load_s[METRICS_MAX_RANKS];
+    int64_t rank_read_bytes[METRICS_MAX_RANKS], rank_file_bytes[METRICS_MAX_RANKS];
 };
 
 void metrics_set_ranks(metrics *m, int n, const int64_t *weight_bytes, const int64_t *kv_bytes) {
     pthread_mutex_lock(&m->mu);
     m->n_ranks = n < METRICS_MAX_RANKS ? n : METRICS_MAX_RANKS;
     for (int r = 0; r < m->n_ranks; r++) m->rank_weight_bytes[r] = weight_bytes[r], m->rank_kv_bytes[r] = kv_bytes[r];
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_rank_load(metrics *m, int n, const double *seconds, const int64_t *read_bytes,
+                           const int64_t *file_bytes) {
+    pthread_mutex_lock(&m->mu);
+    m->n_load = n < METRICS_MAX_RANKS ? n : METRICS_MAX_RANKS;
+    for (int r = 0; r < m->n_load; r++)
+        m->rank_load_s[r] = seconds[r], m->rank_read_bytes[r] = read_bytes[r], m->rank_file_bytes[r] = file_bytes[r];
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -174,6 +186,17 @@ char *metrics_render(metrics *m, const engine_stats *es, int serving, size_t *le
         head(&b, "rank_kv_cache_bytes", "gauge", "KV cache pool bytes of each tensor-parallel rank");
         for (int r = 0; r < m->n_ranks; r++)
             sb_printf(&b, "specd_rank_kv_cache_bytes{rank=\"%d\"} %lld\n", r, (long long)m->rank_kv_bytes[r]);
+    }
+    if (m->n_load) {
+        head(&b, "rank_load_seconds", "gauge", "Seconds each tensor-parallel rank took to load its weights");
+        for (int r = 0; r < m->n_load; r++)
+            sb_printf(&b, "specd_rank_load_seconds{rank=\"%d\"} %.6f\n", r, m->rank_load_s[r]);
+        head(&b, "rank_load_read_bytes", "gauge", "Checkpoint bytes each rank's readers read (its slices)");
+        for (int r = 0; r < m->n_load; r++)
+            sb_printf(&b, "specd_rank_load_read_bytes{rank=\"%d\"} %lld\n", r, (long long)m->rank_read_bytes[r]);
+        head(&b, "rank_load_file_bytes", "gauge", "Bytes of the checkpoint's files, as each rank saw them");
+        for (int r = 0; r < m->n_load; r++)
+            sb_printf(&b, "specd_rank_load_file_bytes{rank=\"%d\"} %lld\n", r, (long long)m->rank_file_bytes[r]);
     }
     pthread_mutex_unlock(&m->mu);
     if (es) {

@@ -41,6 +41,11 @@ void metrics_latency(metrics *m, double ttft_s, double tpot_s, double e2e_s);
  * specd_rank_kv_cache_bytes{rank}. Set once after loading. */
 #define METRICS_MAX_RANKS 64
 void metrics_set_ranks(metrics *m, int n, const int64_t *weight_bytes, const int64_t *kv_bytes);
+/* Per-rank loading (docs/kimi-k2.5.md "Loading at scale"): specd_rank_load_seconds{rank} (model_load's wall
+ * time), specd_rank_load_read_bytes{rank} (checkpoint bytes its readers read; 0 for a GGUF file, read as
+ * mapped) and specd_rank_load_file_bytes{rank} (the checkpoint's files). Set once after loading. */
+void metrics_set_rank_load(metrics *m, int n, const double *seconds, const int64_t *read_bytes,
+                           const int64_t *file_bytes);
 
 /* Renders the exposition text (malloc'd) from the server counters and, when
  * ES is not NULL, the engine snapshot. SERVING: 1 serving, 0 loading/draining. */

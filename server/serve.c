@@ -272,9 +272,14 @@ int specd_serve_main(int argc, char **argv) {
     char name[256];
     specd_model_name(model_path, &cfg, name, sizeof name);
     {
-        int64_t wb[METRICS_MAX_RANKS], kb[METRICS_MAX_RANKS];
-        for (int r = 0; r < b.n_ranks && r < METRICS_MAX_RANKS; r++) wb[r] = b.rank_mem[4 * r], kb[r] = b.rank_mem[4 * r + 1];
+        int64_t wb[METRICS_MAX_RANKS], kb[METRICS_MAX_RANKS], rd[METRICS_MAX_RANKS], fb[METRICS_MAX_RANKS];
+        double ls[METRICS_MAX_RANKS];
+        for (int r = 0; r < b.n_ranks && r < METRICS_MAX_RANKS; r++) {
+            const int64_t *w = &b.rank_mem[SPECD_RANK_WORDS * r];
+            wb[r] = w[0], kb[r] = w[1], rd[r] = w[4], fb[r] = w[5], ls[r] = (double)w[6] * 1e-6;
+        }
         metrics_set_ranks(met, b.n_ranks, wb, kb);
+        metrics_set_rank_load(met, b.n_ranks, ls, rd, fb);
     }
     http_attach_engine(srv, b.eng, name, model_path, b.max_model_len);
     LOG_INFO("serving model '%s' on http://%s:%u", name, cfg.host, http_port(srv));

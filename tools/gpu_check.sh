@@ -153,6 +153,9 @@ else
     run_step kn_mla_bench 120 sh -c '[ -x "$1" ] || { echo "kn_mla_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kn_mla_bench" "$OUT/kn_mla_bench.jsonl"
     # the measured step (issue 19): one TP-8 rank of Kimi-K2.5 on this GPU; exits 3 with the reason when it does not fit
     run_step kimi_step_bench 150 sh -c '[ -x "$1" ] || { echo "kimi_step_bench not built"; exit 125; }; exec "$1" --json "$2" --iters 10' _ "$BUILD/tests/perf/kimi_step_bench" "$OUT/kimi_step_bench.jsonl"
+    # loading at scale (issue 19): a 4 GB synthetic safetensors checkpoint under the build directory (deleted
+    # after): cold reads with 8 threads, then the pinned staging ring to the device, warm and cold (GB/s)
+    run_step load_bench 90 sh -c '[ -x "$1" ] || { echo "bench_load not built"; exit 125; }; exec "$1" --device cuda --gb 4 --dir "$2"' _ "$BUILD/tests/perf/bench_load" "$BUILD"
     run_step cuda_graphs_bench 90 sh -c '[ -x "$1" ] || { echo "cuda_graphs not built"; exit 125; }; SPECD_TWIN_DIR="$3" exec "$1" --bench "$2"' _ "$BUILD/tests/kernels/cuda_graphs" "$OUT/cuda_graphs_bench.jsonl" "$BUILD/twin"
 fi
 

@@ -18,10 +18,14 @@
  *
  * Transfers. Host -> device through cudaMemcpyAsync on the stream: upload
  * from the caller's (pageable) memory, which the runtime stages before the
- * call returns; weight_place and meta_upload through pinned staging buffers
- * (weights in two halves alternated with events; metadata in one buffer
+ * call returns; weight_place and moe_place through the pinned staging ring
+ * (cu_stage_copy: CU_STAGE_SLOTS slots of staging_bytes / 3, each refilled
+ * only after its event says its previous copy finished, copied on a copy
+ * stream that the compute stream then waits for: the host fills one slot
+ * while two copies are in flight; the fill split over min(4, cores) host
+ * threads); meta_upload through one pinned buffer
  * guarded by an event so a step never overwrites what the previous copy is
- * still reading). download is the only call that waits (stream sync); it
+ * still reading. download is the only call that waits (stream sync); it
  * also reads the two flags when a launch since the last download could have
  * set them, so a bad id on the device fails the step that produced it.
  *
@@ -88,6 +92,9 @@ void *bk_cuda_stream(const backend *b) { (void)b; return NULL; }
 
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
+#include "engine/backend/threadpool.h"
 #include "kernels/kn.h"
 #include "kernels/kn_attn.h"
 #include "kernels/kn_linear.h"
@@ -147,6 +154,8 @@ _Static_assert(BK_CUDA_MLA_MAX_KVL == KN_MLA_MAX_KVL && BK_CUDA_MAX_HEAD_DIM == 
 
 typedef struct cu_range { size_t off, size; } cu_range;
 
+#define CU_STAGE_SLOTS 3 /* pinned staging slots: one filled by the host while two copies are in flight */
+
 typedef struct cu_ctx {
     bk_cuda_opts o;
     cudaStream_t stream;
@@ -156,10 +165,16 @@ typedef struct cu_ctx {
     size_t n_free, cap_free;
     cu_range *live;             /* allocations (unsorted) */
     size_t n_live, cap_live;
-    /* pinned staging for weights: two halves, each guarded by an event */
+    /* pinned staging for weights (cu_stage_copy): CU_STAGE_SLOTS slots, each guarded by an event, copied on
+     * their own stream; copy_done orders the compute stream after the last copy */
     char *stage;
     size_t stage_bytes;
-    cudaEvent_t stage_ev[2];
+    cudaEvent_t stage_ev[CU_STAGE_SLOTS];
+    int stage_k;                /* the slot the next chunk goes to (rotates across calls) */
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_done;      /* recorded on copy_stream after a cu_stage_copy's last chunk */
+    cudaEvent_t compute_mark;   /* recorded on the compute stream before one: copies wait for earlier work */
+    tpool *fill_pool;           /* min(4, cores) threads filling a slot in 1 MiB pieces (NULL: memcpy alone) */
     /* step metadata: device buffers, pinned host mirror, an event guarding the mirror */
     int32_t *d_pos, *d_seq, *d_bt;
     uint8_t *d_mask;
@@ -359,6 +374,47 @@ static const char *cu_last_error(void *vctx) {
     return cu_last_err[0] ? cu_last_err : "no reason recorded";
 }
 
+/* Host -> device through the pinned staging ring: chunk i goes to slot k = (stage_k + i) mod CU_STAGE_SLOTS,
+ * which is refilled (memcpy from SRC: the weights' mapped file, whose pages the loader's readers put in the
+ * page cache, or a repacked host copy) only once its previous copy has finished (its event), then copied
+ * to DST on copy_stream; so the host fills one slot while the copy engine drains the others. Both streams
+ * stay ordered as if the copies ran on the compute stream: the copies wait (compute_mark) for the work
+ * queued before this call (DST may be arena memory a kernel still reads), and the compute stream waits
+ * (copy_done) for the last copy before anything queued after it. SRC may be freed when this returns
+ * (every byte is in a slot or on the device by then). */
+/* One slot's memcpy in CU_FILL_PIECE pieces over the fill pool (one host thread copies ~10 GB/s; PCIe 5
+ * takes ~50). */
+#define CU_FILL_PIECE ((size_t)1 << 20)
+typedef struct cu_fill { char *dst; const char *src; size_t n; } cu_fill;
+static void cu_fill_piece(void *arg, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const cu_fill *f = arg;
+    const size_t o = (size_t)b * CU_FILL_PIECE, end = (size_t)e * CU_FILL_PIECE < f->n ? (size_t)e * CU_FILL_PIECE : f->n;
+    memcpy(f->dst + o, f->src + o, end - o);
+}
+
+static int cu_stage_copy(cu_ctx *c, char *d, const void *src, size_t bytes) {
+    const size_t slot = c->stage_bytes / CU_STAGE_SLOTS;
+    const char *s = src;
+    CU_CHECK(cudaEventRecord(c->compute_mark, c->stream));
+    CU_CHECK(cudaStreamWaitEvent(c->copy_stream, c->compute_mark, 0));
+    for (size_t off = 0; off < bytes; off += slot, c->stage_k = (c->stage_k + 1) % CU_STAGE_SLOTS) {
+        const int k = c->stage_k;
+        const size_t n = bytes - off < slot ? bytes - off : slot;
+        char *st = c->stage + (size_t)k * slot;
+        CU_CHECK(cudaEventSynchronize(c->stage_ev[k]));
+        if (c->fill_pool && n > CU_FILL_PIECE)
+            tpool_run(c->fill_pool, cu_fill_piece, &(cu_fill){st, s + off, n}, (int64_t)((n + CU_FILL_PIECE - 1) / CU_FILL_PIECE), 1);
+        else
+            memcpy(st, s + off, n);
+        CU_CHECK(cudaMemcpyAsync(d + off, st, n, cudaMemcpyHostToDevice, c->copy_stream));
+        CU_CHECK(cudaEventRecord(c->stage_ev[k], c->copy_stream));
+    }
+    CU_CHECK(cudaEventRecord(c->copy_done, c->copy_stream));
+    CU_CHECK(cudaStreamWaitEvent(c->stream, c->copy_done, 0));
+    return 0;
+}
+
 static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
     cu_ctx *c = vctx;
     CU_REQUIRE(src->type <= BK_W_Q4_1, "weight [%lld x %lld]: format %d has no CUDA kernel (I4G32 is CPU-only)",
@@ -372,17 +428,7 @@ static int cu_weight_place(void *vctx, const bk_weight *src, bk_weight *dst) {
                   (long long)src->cols, bytes);
         return -1;
     }
-    /* host -> pinned half k -> device; half k is refilled only after its previous copy finished */
-    const size_t half = c->stage_bytes / 2;
-    const char *s = src->data;
-    int k = 0;
-    for (size_t off = 0; off < bytes; off += half, k ^= 1) {
-        const size_t n = bytes - off < half ? bytes - off : half;
-        CU_CHECK(cudaEventSynchronize(c->stage_ev[k]));
-        memcpy(c->stage + (size_t)k * half, s + off, n);
-        CU_CHECK(cudaMemcpyAsync(d + off, c->stage + (size_t)k * half, n, cudaMemcpyHostToDevice, c->stream));
-        CU_CHECK(cudaEventRecord(c->stage_ev[k], c->stream));
-    }
+    if (cu_stage_copy(c, d, src->data, bytes) < 0) return -1;
     *dst = *src;
     dst->data = d;
     dst->scales = NULL;
@@ -974,9 +1020,9 @@ static int cu_moe_place(void *vctx, int32_t E, const bk_weight *gate, const bk_w
         }
     out->w13 = cu_buf_alloc(c, n13 * 4), out->s13 = cu_buf_alloc(c, c13 * 2);
     out->w2 = cu_buf_alloc(c, n2 * 4), out->s2 = cu_buf_alloc(c, c2 * 2);
-    if (!out->w13 || !out->s13 || !out->w2 || !out->s2 || cu_upload(c, out->w13, w13, n13 * 4) < 0 ||
-        cu_upload(c, out->s13, s13, c13 * 2) < 0 || cu_upload(c, out->w2, w2, n2 * 4) < 0 ||
-        cu_upload(c, out->s2, s2, c2 * 2) < 0) {
+    if (!out->w13 || !out->s13 || !out->w2 || !out->s2 || cu_stage_copy(c, out->w13, w13, n13 * 4) < 0 ||
+        cu_stage_copy(c, out->s13, s13, c13 * 2) < 0 || cu_stage_copy(c, out->w2, w2, n2 * 4) < 0 ||
+        cu_stage_copy(c, out->s2, s2, c2 * 2) < 0) {
         LOG_ERROR("cuda backend: moe_place: %zu device bytes for %d experts not available",
                   n13 * 4 + c13 * 2 + n2 * 4 + c2 * 2, E);
         cu_buf_free(c, out->w13), cu_buf_free(c, out->s13), cu_buf_free(c, out->w2), cu_buf_free(c, out->s2);
@@ -1199,12 +1245,21 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
     c->arena = a;
     if (cu_list_push(&c->free_list, &c->n_free, &c->cap_free, 0, (cu_range){0, c->arena_bytes}) < 0)
         return specd_err_set(err, "out of memory");
-    c->stage_bytes = (o->staging_bytes ? o->staging_bytes : (size_t)64 << 20) / (2 * CU_ALIGN) * (2 * CU_ALIGN);
-    if (c->stage_bytes < 2 * CU_ALIGN) c->stage_bytes = 2 * CU_ALIGN;
+    const size_t ring = CU_STAGE_SLOTS * CU_ALIGN;
+    c->stage_bytes = (o->staging_bytes ? o->staging_bytes : (size_t)64 << 20) / ring * ring;
+    if (c->stage_bytes < ring) c->stage_bytes = ring;
     void *st = NULL;
     CREATE_CHECK(cudaMallocHost(&st, c->stage_bytes));
     c->stage = st;
-    for (int i = 0; i < 2; i++) CREATE_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
+    for (int i = 0; i < CU_STAGE_SLOTS; i++)
+        CREATE_CHECK(cudaEventCreateWithFlags(&c->stage_ev[i], cudaEventDisableTiming));
+    CREATE_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->copy_done, cudaEventDisableTiming));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
+    {
+        const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        c->fill_pool = tpool_create(nc >= 4 ? 4 : nc > 1 ? (int)nc : 1); /* NULL (no threads): memcpy alone */
+    }
     CREATE_CHECK(cudaEventCreateWithFlags(&c->meta_ev, cudaEventDisableTiming));
     /* the metadata mirror: pos [T] | seq [T] | bt [max_seqs * bt_cap] + need [max_seqs] | flags [2] | mask [T * T] */
     const size_t T = (size_t)o->max_tokens, S = (size_t)o->max_seqs, bt = S * (size_t)c->bt_cap;
@@ -1285,12 +1340,19 @@ void bk_cuda_destroy(backend *b) {
         if (e != cudaSuccess) LOG_WARN("cuda backend: destroy: pending work failed: %s", kn_strerror(e));
         CU_TEARDOWN(cudaStreamDestroy(c->stream));
     }
-    for (int i = 0; i < 2; i++) if (c->stage_ev[i]) CU_TEARDOWN(cudaEventDestroy(c->stage_ev[i]));
+    if (c->copy_stream) {
+        CU_TEARDOWN(cudaStreamSynchronize(c->copy_stream));
+        CU_TEARDOWN(cudaStreamDestroy(c->copy_stream));
+    }
+    if (c->copy_done) CU_TEARDOWN(cudaEventDestroy(c->copy_done));
+    if (c->compute_mark) CU_TEARDOWN(cudaEventDestroy(c->compute_mark));
+    for (int i = 0; i < CU_STAGE_SLOTS; i++) if (c->stage_ev[i]) CU_TEARDOWN(cudaEventDestroy(c->stage_ev[i]));
     if (c->meta_ev) CU_TEARDOWN(cudaEventDestroy(c->meta_ev));
     if (c->stage) CU_TEARDOWN(cudaFreeHost(c->stage));
     if (c->h_pos) CU_TEARDOWN(cudaFreeHost(c->h_pos));
     if (c->sm_h) CU_TEARDOWN(cudaFreeHost(c->sm_h));
     if (c->arena) CU_TEARDOWN(cudaFree(c->arena));
+    tpool_destroy(c->fill_pool);
     free(c->free_list);
     free(c->live);
     free(c);

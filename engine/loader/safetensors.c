@@ -1,7 +1,9 @@
 /*
  * safetensors.c: the safetensors reader and writer behind safetensors.h.
  *
- * Owns: the read-only mappings of every shard (or one borrowed buffer), the
+ * Owns: the read-only mappings of every shard (or one borrowed buffer; or,
+ * with the test aid ST_OPEN_POISON, an anonymous copy of each file holding
+ * only its header until st_load.c fills ranges), each shard's path, the
  * tensor table with copied names, the merged __metadata__ pairs, and a
  * name-sorted index for O(log n) lookup and duplicate detection.
  *
@@ -44,11 +46,14 @@
 typedef struct st_shard {
     const uint8_t *buf;
     size_t len;
-    int mapped;
-    char *name; /* file name (for messages); "<memory>" for st_open_mem */
+    int mapped;   /* 1: a mapping of the file (or, poisoned, an anonymous one of its size): munmap at close */
+    int poisoned; /* ST_OPEN_POISON: anonymous, 0xA5 everywhere but the header until st_prefetch fills ranges */
+    char *name;   /* file name (for messages); "<memory>" for st_open_mem */
+    char *path;   /* the path it was opened from (st_prefetch reopens it); NULL for st_open_mem */
 } st_shard;
 
 struct st_model {
+    unsigned flags; /* ST_OPEN_* */
     st_shard *shards;
     int n_shards;
     st_tensor *tensors;
@@ -299,7 +304,42 @@ static st_model *model_new(int n_shards, specd_err *err) {
     return m;
 }
 
-static int map_file(const char *path, st_shard *sh, specd_err *err) {
+/* ST_OPEN_POISON: an anonymous region of the file's size, 0xA5 everywhere except the 8-byte length and
+ * the JSON header, which are read (pread) so that parse_shard sees them; the data section stays
+ * poisoned until st_prefetch writes the planned ranges into it. Takes FD (closes it). */
+static int map_poisoned(int fd, const char *path, size_t len, st_shard *sh, specd_err *err) {
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return specd_err_set(err, "safetensors: cannot map %zu anonymous bytes for %s: %s", len, path, strerror(errno));
+    }
+    memset(p, 0xA5, len);
+    sh->buf = p;
+    sh->len = len;
+    sh->mapped = 1;
+    sh->poisoned = 1;
+    uint64_t hlen = 0;
+    size_t want = 8;
+    for (int pass = 0; pass < 2; pass++) { /* the length, then the header it announces (bounded by the file) */
+        size_t got = 0;
+        while (got < want) {
+            const ssize_t r = pread(fd, (uint8_t *)p + got, want - got, (off_t)got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                close(fd);
+                return specd_err_set(err, "safetensors: cannot read the header of %s: %s", path,
+                                     r < 0 ? strerror(errno) : "file shorter than its size");
+            }
+            got += (size_t)r;
+        }
+        memcpy(&hlen, p, 8);
+        want = 8 + (hlen < len - 8 ? (size_t)hlen : len - 8);
+    }
+    close(fd);
+    return 0;
+}
+
+static int map_file(const char *path, int poison, st_shard *sh, specd_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return specd_err_set(err, "safetensors: cannot open %s: %s", path, strerror(errno));
     struct stat st;
@@ -312,6 +352,12 @@ static int map_file(const char *path, st_shard *sh, specd_err *err) {
         return specd_err_set(err, "safetensors: %s: %lld bytes, too short for the 8-byte header length", path,
                              (long long)st.st_size);
     }
+    sh->path = strdup(path);
+    if (!sh->path) {
+        close(fd);
+        return specd_err_set(err, "safetensors: out of memory");
+    }
+    if (poison) return map_poisoned(fd, path, (size_t)st.st_size, sh, err);
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return specd_err_set(err, "safetensors: cannot mmap %s: %s", path, strerror(errno));
@@ -336,11 +382,11 @@ fail:
     return -1;
 }
 
-static int open_single(const char *path, const char *display, st_model **out, specd_err *err) {
+static int open_single(const char *path, const char *display, int poison, st_model **out, specd_err *err) {
     st_model *m = model_new(1, err);
     if (!m) return -1;
     m->shards[0].name = strdup(display);
-    if (!m->shards[0].name || map_file(path, &m->shards[0], err) || parse_shard(m, 0, err) || build_index(m, err)) goto fail;
+    if (!m->shards[0].name || map_file(path, poison, &m->shards[0], err) || parse_shard(m, 0, err) || build_index(m, err)) goto fail;
     *out = m;
     return 0;
 fail:
@@ -379,7 +425,7 @@ static int shard_name_ok(const char *s) {
     return s[0] != '\0' && strchr(s, '/') == NULL && strchr(s, '\\') == NULL && strstr(s, "..") == NULL;
 }
 
-static int open_sharded(const char *dir, st_model **out, specd_err *err) {
+static int open_sharded(const char *dir, int poison, st_model **out, specd_err *err) {
     char path[4096];
     if (join_path(path, sizeof path, dir, ST_INDEX_NAME, err)) return -1;
     json_t *idx = load_json_file(path, err);
@@ -426,7 +472,7 @@ static int open_sharded(const char *dir, st_model **out, specd_err *err) {
             specd_err_set(err, "safetensors: out of memory");
             goto fail;
         }
-        if (map_file(path, &m->shards[k], err) || parse_shard(m, k, err)) goto fail;
+        if (map_file(path, poison, &m->shards[k], err) || parse_shard(m, k, err)) goto fail;
     }
     if (build_index(m, err)) goto fail;
     json_object_foreach(wm, tname, v) {
@@ -457,14 +503,25 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-int st_open(const char *path, st_model **out, specd_err *err) {
+static int st_open_paths(const char *path, int poison, st_model **out, specd_err *err);
+
+int st_open(const char *path, st_model **out, specd_err *err) { return st_open_ex(path, 0, out, err); }
+
+int st_open_ex(const char *path, unsigned flags, st_model **out, specd_err *err) {
     *out = NULL;
+    const int poison = (flags & ST_OPEN_POISON) != 0;
+    int rc = st_open_paths(path, poison, out, err);
+    if (rc == 0) (*out)->flags = flags;
+    return rc;
+}
+
+static int st_open_paths(const char *path, int poison, st_model **out, specd_err *err) {
     struct stat st;
     if (stat(path, &st) != 0) return specd_err_set(err, "safetensors: cannot stat %s: %s", path, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return open_single(path, path, out, err);
+    if (!S_ISDIR(st.st_mode)) return open_single(path, path, poison, out, err);
     char p[4096];
     if (join_path(p, sizeof p, path, ST_INDEX_NAME, err)) return -1;
-    if (access(p, F_OK) == 0) return open_sharded(path, out, err);
+    if (access(p, F_OK) == 0) return open_sharded(path, poison, out, err);
     DIR *d = opendir(path);
     if (!d) return specd_err_set(err, "safetensors: cannot list %s: %s", path, strerror(errno));
     char found[1024] = "";
@@ -478,7 +535,7 @@ int st_open(const char *path, st_model **out, specd_err *err) {
     if (n != 1)
         return specd_err_set(err, "safetensors: %s has no %s and %d *.safetensors files (need exactly one)", path, ST_INDEX_NAME, n);
     if (join_path(p, sizeof p, path, found, err)) return -1;
-    return open_single(p, found, out, err);
+    return open_single(p, found, poison, out, err);
 }
 
 void st_close(st_model *m) {
@@ -486,6 +543,7 @@ void st_close(st_model *m) {
     for (int i = 0; m->shards && i < m->n_shards; i++) {
         if (m->shards[i].mapped) munmap((void *)m->shards[i].buf, m->shards[i].len);
         free(m->shards[i].name);
+        free(m->shards[i].path);
     }
     free(m->shards);
     for (size_t i = 0; i < m->n_tensors; i++) free((char *)m->tensors[i].name);
@@ -497,6 +555,18 @@ void st_close(st_model *m) {
 }
 
 /* ---------------------------------------------------------------- queries */
+
+unsigned st_open_flags(const st_model *m) { return m->flags; }
+int st_n_shards(const st_model *m) { return m->n_shards; }
+const char *st_shard_path(const st_model *m, int s) { return s >= 0 && s < m->n_shards ? m->shards[s].path : NULL; }
+const char *st_shard_name(const st_model *m, int s) { return s >= 0 && s < m->n_shards ? m->shards[s].name : NULL; }
+uint64_t st_shard_size(const st_model *m, int s) { return s >= 0 && s < m->n_shards ? m->shards[s].len : 0; }
+uint8_t *st_shard_poisoned(const st_model *m, int s) {
+    return s >= 0 && s < m->n_shards && m->shards[s].poisoned ? (uint8_t *)m->shards[s].buf : NULL;
+}
+uint64_t st_tensor_file_offset(const st_model *m, const st_tensor *t) {
+    return (uint64_t)((const uint8_t *)t->data - m->shards[t->shard].buf);
+}
 
 size_t st_n_tensors(const st_model *m) { return m->n_tensors; }
 const st_tensor *st_tensor_at(const st_model *m, size_t i) { return i < m->n_tensors ? &m->tensors[i] : NULL; }

@@ -47,6 +47,12 @@ typedef struct st_model st_model;
 /* PATH is a .safetensors file, or a directory holding either
  * model.safetensors.index.json (+ shards) or exactly one *.safetensors file. */
 int st_open(const char *path, st_model **out, specd_err *err);
+/* st_open with FLAGS (0 = st_open). ST_OPEN_POISON is a test aid for st_load.h's rank plans: each
+ * shard is an anonymous copy holding only its header, every data byte 0xA5 until st_prefetch writes a
+ * planned range into it, so that a model built on it differs from one built on the plain mapping
+ * wherever it uses a byte its plan did not read (the shards' memory: their whole size, anonymous). */
+#define ST_OPEN_POISON 1u
+int st_open_ex(const char *path, unsigned flags, st_model **out, specd_err *err);
 /* One in-memory file (not copied). For tests and fuzzing. */
 int st_open_mem(const void *buf, size_t len, st_model **out, specd_err *err);
 void st_close(st_model *m); /* NULL ok */
@@ -56,6 +62,17 @@ const st_tensor *st_tensor_at(const st_model *m, size_t i);
 const st_tensor *st_find(const st_model *m, const char *name); /* NULL if absent */
 /* "__metadata__" string value for KEY, NULL if absent. */
 const char *st_metadata(const st_model *m, const char *key);
+
+/* The files behind an st_model (st_load.h reads them): shard s's path as opened (NULL for st_open_mem),
+ * its file name (for messages), its size in bytes, and where a tensor's data starts in its file. */
+unsigned st_open_flags(const st_model *m);
+int st_n_shards(const st_model *m);
+const char *st_shard_path(const st_model *m, int s);
+const char *st_shard_name(const st_model *m, int s);
+uint64_t st_shard_size(const st_model *m, int s);
+uint64_t st_tensor_file_offset(const st_model *m, const st_tensor *t);
+/* ST_OPEN_POISON: shard s's writable anonymous copy (st_prefetch fills it); NULL for a mapped file. */
+uint8_t *st_shard_poisoned(const st_model *m, int s);
 
 const char *st_dtype_name(st_dtype t);
 size_t st_dtype_size(st_dtype t); /* bytes per element; BOOL = 1 */

@@ -332,7 +332,7 @@ int dsv3_load(model *m, const hf_config *hc, specd_err *err) {
     s->hc = *hc;
     s->absorbed = true;
     const hf_config *c = &s->hc;
-    if (st_open(m->path, &s->st, err) < 0) return -1;
+    if (model_st_open(m, c, &s->st, err) < 0) return -1;
     ds_loader L = {m, s, NULL, NULL};
     static const struct { const char *pre, *head; } LAYOUTS[] = {
         {"language_model.model.", "language_model.lm_head.weight"}, /* Kimi-K2.5 */

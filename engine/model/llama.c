@@ -337,7 +337,7 @@ int llama_load_hf(model *m, const hf_config *hc, st_model **stp, specd_err *err)
     base = base && base[1] ? base + 1 : m->path;
     snprintf(c->name, sizeof c->name, "%.80s (%.31s, HF)", base, hc->model_type);
 
-    if (st_open(m->path, stp, err) < 0) return -1;
+    if (model_st_open(m, hc, stp, err) < 0) return -1;
     const st_model *st = *stp;
     const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     if (hf_weight(m, st, "model.embed_tokens.weight", c->vocab, H, &m->embed, err) < 0) return -1;

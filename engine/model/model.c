@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "engine/loader/safetensors.h"
 #include "engine/model/hf_config.h"
@@ -171,6 +172,11 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     m->be = be;
     m->kv_planes = 2;
     m->tp = opts ? opts->tp : NULL;
+    m->load_threads = opts ? opts->load_threads : 0;
+    m->load_lazy = opts && opts->load_lazy;
+    m->load_st_flags = opts ? opts->load_st_flags : 0;
+    m->load_row_min = opts ? opts->load_row_min : 0;
+    const double t0 = model_now_s();
     if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
         hf_config hc;
         if (hf_config_load(path, &hc, err) < 0) goto fail;
@@ -185,6 +191,7 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
         if (dsv3_load(m, &hc, err) < 0 || model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
         goto loaded;
     }
+    m->load_info.bytes_files = (int64_t)st.st_size;
     if (gguf_open(path, &m->gguf, err) < 0) goto fail;
     if (llama_load_gguf(m, err) < 0) goto fail;
     const int32_t hd = m->cfg.head_dim;
@@ -195,6 +202,16 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     if (model_tp_shard(m, err) < 0 || model_alloc_kv(m, opts, err) < 0) goto fail;
 loaded:
     if (model_place(m, err) < 0) goto fail;
+    m->load_info.seconds = model_now_s() - t0;
+    m->load_info.bytes_loaded = m->weight_bytes;
+    {
+        const model_load_info *li = &m->load_info;
+        LOG_INFO("rank %d/%d: loaded %.3f GB in %.2f s (%.2f GB/s), read %.3f GB of %.3f GB in files%s", m->tp_rank,
+                 m->tp_size, (double)li->bytes_loaded * 1e-9, li->seconds,
+                 li->seconds > 0 ? (double)li->bytes_loaded * 1e-9 / li->seconds : 0.0, (double)li->bytes_read * 1e-9,
+                 (double)li->bytes_files * 1e-9,
+                 m->gguf ? " (GGUF: mapped, read as used)" : m->load_lazy ? " (lazy: mapped, read as used)" : "");
+    }
     LOG_INFO("model %s: %s, %d layers, hidden %d, heads %d/%d, vocab %d, KV %d blocks x %d tokens (%.1f MiB)", path,
              m->cfg.name, m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.vocab, m->n_blocks,
              m->block_size, (double)model_kv_bytes_per_token(m) * m->block_size * m->n_blocks / (1 << 20));
@@ -205,6 +222,14 @@ fail:
     model_destroy(m);
     return -1;
 }
+
+double model_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void model_get_load_info(const model *m, model_load_info *out) { *out = m->load_info; }
 
 void model_destroy(model *m) {
     if (!m) return;

@@ -77,7 +77,29 @@ typedef struct model_load_opts {
                                 miniature the rounding alone moves logits by up to 0.11 of max|logit| against the f32
                                 transformers reference; kimi_c_logits_bf16 checks it against a reference with the
                                 same rounding (docs/kimi-k2.5.md "The bf16 latent cache") */
+    /* Reading a Hugging Face safetensors checkpoint (engine/model/load_plan.c; GGUF files are mapped and
+     * read lazily as before). */
+    int32_t load_threads;    /* reader threads for this rank's byte ranges (0: min(8, cores)) */
+    bool load_lazy;          /* read nothing up front: the read-only mapping faults pages in as the weights
+                                are first used, on the loading thread (the path before issue 19; the tests'
+                                reference) */
+    unsigned load_st_flags;  /* st_open_ex flags: 0, or the test aid ST_OPEN_POISON (safetensors.h) */
+    int32_t load_row_min;    /* a row-parallel tensor is read row by row (the rank's columns) when they are at
+                                least this many bytes a row, else whole (0: MODEL_LOAD_ROW_MIN) */
 } model_load_opts;
+
+#define MODEL_LOAD_ROW_MIN 1024 /* load_plan.c: measured by tests/perf/bench_load */
+
+/* What loading cost this rank (model_get_load_info). */
+typedef struct model_load_info {
+    double seconds;          /* model_load's wall time: open, reads, slicing, placement */
+    double read_seconds;     /* the parallel reads alone (0 when lazy or GGUF) */
+    int64_t bytes_read;      /* checkpoint bytes this rank's readers read (0 when lazy or GGUF) */
+    int64_t bytes_files;     /* the checkpoint's files together */
+    int64_t bytes_loaded;    /* this rank's weights after slicing (model_shard_info.weight_bytes) */
+    int32_t threads;         /* reader threads used */
+} model_load_info;
+void model_get_load_info(const model *m, model_load_info *out);
 
 /* This rank's share of the model (tensor parallelism; the whole model at TP 1). */
 typedef struct model_shard_info {

@@ -72,6 +72,12 @@ struct model {
     bk_tensor aux_dev;
     int32_t aux_n;
     int32_t aux_layers[8];
+    /* Loading (model_load, load_plan.c): the options and this rank's figures. */
+    unsigned load_st_flags;           /* st_open_ex flags (the test aid ST_OPEN_POISON) */
+    int32_t load_threads;             /* reader threads (0: st_load_threads_default) */
+    bool load_lazy;                   /* no reads up front: the mapping faults pages in as the views are used */
+    int32_t load_row_min;             /* model_load_opts.load_row_min */
+    model_load_info load_info;
 };
 
 #define MODEL_PH_UP 1   /* ids, step metadata, output indices to the backend */
@@ -141,6 +147,14 @@ int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);
 /* Whether b's aux capture goes to the reserved buffer m->aux_dev (same layers, rows enough). */
 bool model_aux_fixed(const model *m, const model_batch *b);
+
+/* load_plan.c: opens m->path's safetensors (st_open_ex with m->load_st_flags) for an architecture loader
+ * and, unless m->load_lazy, reads this rank's byte ranges of it with m->load_threads readers first
+ * (filling m->load_info's read figures). -1 with the file named when a read fails. */
+struct st_model;
+struct hf_config;
+int model_st_open(model *m, const struct hf_config *hc, struct st_model **out, specd_err *err);
+double model_now_s(void); /* CLOCK_MONOTONIC seconds */
 
 /* deepseek_v3.c: loads the HF directory m->path (config already parsed). */
 struct hf_config;

@@ -70,12 +70,33 @@ struct fake_graph {
     int n, cap;
 };
 static struct fake_graph *fake_cap; /* the open capture, or NULL */
+
+/* fake_async_copies (cuda_runtime_api.h): host -> device copies from pinned memory queued in issue order;
+ * fake_copies_land(upto) performs the first upto of them (-1: all) that have not landed yet. */
+int fake_async_copies;
+long fake_deferred_copies; /* copies that were queued (a test checks the mode was exercised) */
+typedef struct fake_copy { void *dst; const void *src; size_t n; } fake_copy;
+static fake_copy *fake_q;
+static long fake_q_n, fake_q_cap, fake_q_done;
+struct fake_event { long seq; }; /* copies issued before the event was recorded */
+static void fake_copies_land(long upto) {
+    if (upto < 0 || upto > fake_q_n) upto = fake_q_n;
+    for (; fake_q_done < upto; fake_q_done++) memcpy(fake_q[fake_q_done].dst, fake_q[fake_q_done].src, fake_q[fake_q_done].n);
+}
+static struct { char *p; size_t n; } fake_pinned[64];
+static int fake_n_pinned;
+static int fake_is_pinned(const void *p, size_t n) {
+    for (int i = 0; i < fake_n_pinned; i++)
+        if ((const char *)p >= fake_pinned[i].p && (const char *)p + n <= fake_pinned[i].p + fake_pinned[i].n) return 1;
+    return 0;
+}
 static int fake_replaying;          /* > 0 while a graph launch runs its nodes */
 
 /* The launch prologue: inside a capture, record and return 0; else count a host launch (not during a replay). */
 #define FAKE_LAUNCH(...)                                                            \
     do {                                                                            \
         if (fake_cap) return fake_record(&(fake_node){__VA_ARGS__});                \
+        fake_copies_land(-1);                                                       \
         if (!fake_replaying) fake_host_launches++;                                  \
     } while (0)
 static int fake_record(const fake_node *n) {
@@ -131,30 +152,71 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaMallocHost(void **p, size_t n) {
     *p = malloc(n ? n : 1);
     if (*p) memset(*p, 0xA5, n); /* garbage: nothing may rely on fresh pinned memory being zero */
+    if (*p && fake_n_pinned < 64) fake_pinned[fake_n_pinned++] = (typeof(fake_pinned[0])){*p, n};
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFreeHost(void *p) {
+    fake_copies_land(-1); /* a real cudaFreeHost waits for the copies reading it */
+    for (int i = 0; i < fake_n_pinned; i++)
+        if (fake_pinned[i].p == p) { fake_pinned[i] = fake_pinned[--fake_n_pinned]; break; }
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
     (void)s;
     FAKE_NOT_IN_CAPTURE();
     if (kind == cudaMemcpyHostToDevice) {
         DEV(dst, n);
         fake_h2d++, fake_h2d_bytes += n;
+        if (fake_async_copies && fake_is_pinned(src, n)) { /* lands at the next ordering point */
+            if (fake_q_n == fake_q_cap) {
+                fake_q_cap = fake_q_cap ? 2 * fake_q_cap : 1024;
+                fake_q = realloc(fake_q, sizeof *fake_q * (size_t)fake_q_cap);
+                if (!fake_q) return cudaErrorMemoryAllocation;
+            }
+            fake_q[fake_q_n++] = (fake_copy){dst, src, n};
+            fake_deferred_copies++;
+            return cudaSuccess;
+        }
     } else {
         DEV(src, n);
         fake_d2h++, fake_d2h_bytes += n, fake_d2h_calls++;
+        fake_copies_land(-1);
     }
     memcpy(dst, src, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) { (void)s; FAKE_NOT_IN_CAPTURE(); DEV(dst, n); memset(dst, v, n); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; FAKE_NOT_IN_CAPTURE(); fake_syncs++; return cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) { (void)f; *s = (cudaStream_t)(uintptr_t)1; return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
+    (void)s;
+    FAKE_NOT_IN_CAPTURE();
+    DEV(dst, n);
+    fake_copies_land(-1);
+    memset(dst, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; FAKE_NOT_IN_CAPTURE(); fake_copies_land(-1); fake_syncs++; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned f) {
+    static uintptr_t next = 1; /* distinct handles: the glue's compute and copy streams */
+    (void)f;
+    if (getenv("SPECD_FAKE_ASYNC_COPIES")) fake_async_copies = 1; /* a test's environment turns the mode on */
+    *s = (cudaStream_t)next++;
+    return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) { (void)f; *e = (cudaEvent_t)(uintptr_t)1; return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; FAKE_NOT_IN_CAPTURE(); return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned f) {
+    (void)f;
+    *e = calloc(1, sizeof **e);
+    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)s; e->seq = fake_q_n; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { FAKE_NOT_IN_CAPTURE(); fake_copies_land(e->seq); return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned f) {
+    (void)s, (void)f;
+    FAKE_NOT_IN_CAPTURE();
+    fake_copies_land(e->seq); /* the fake's later work on s runs synchronously: the copies land now */
+    return cudaSuccess;
+}
 cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : cudaErrorInvalidValue; }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; } /* one fake device: TP ranks share it */
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)8 << 30; return cudaSuccess; }
@@ -641,6 +703,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) {
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) { return cudaGraphDestroy(x); }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
+    fake_copies_land(-1);
     if (!x || fake_cap) return cudaErrorInvalidValue;
     fake_graph_launches++;
     fake_replaying++;

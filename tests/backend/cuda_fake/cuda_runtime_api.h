@@ -5,7 +5,13 @@
  * the fake cudaMalloc, which records every allocation so that the fake
  * launchers (cuda_fake.c) can check that each device pointer they get lies in
  * one (a host pointer reaching a device op fails the test), and copies check
- * their device side the same way. Streams and events are synchronous.
+ * their device side the same way. Streams and events are synchronous,
+ * except that a test may set fake_async_copies (cuda_fake.c): then a
+ * host -> device copy FROM PINNED memory (the fake cudaMallocHost) is only
+ * queued, and lands at the next point that orders it (an event recorded
+ * after it synchronized or waited on, a stream sync, a launch, a device ->
+ * host copy, a memset), so a glue that rewrites a pinned buffer before its
+ * copy is done uploads the wrong bytes, as it would on a GPU.
  * Never on the include path of a real build; every name is macro-renamed
  * (fake_*) so the test links next to the real cudart and kernels.
  */
@@ -27,6 +33,7 @@
 #define cudaEventDestroy fake_cudaEventDestroy
 #define cudaEventRecord fake_cudaEventRecord
 #define cudaEventSynchronize fake_cudaEventSynchronize
+#define cudaStreamWaitEvent fake_cudaStreamWaitEvent
 #define cudaSetDevice fake_cudaSetDevice
 #define cudaGetDeviceCount fake_cudaGetDeviceCount
 #define cudaMemGetInfo fake_cudaMemGetInfo
@@ -69,6 +76,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);

@@ -1,0 +1,154 @@
+/*
+ * load_plan.c: which bytes of a Hugging Face safetensors checkpoint one
+ * tensor-parallel rank reads, and reading them (st_load.h) before the
+ * architecture loader builds its views.
+ *
+ * The plan follows the slicing of tp_shard.c / dsv3_tp_slice exactly, from
+ * each tensor's declared parallel style (model_linear_parallel for Llama,
+ * dsv3_tensor_parallel for DeepSeek-V3 / Kimi) and the rank's place
+ * (rank r of N):
+ *   column  rows [r R/N, (r+1) R/N) of the [R, C] row-major tensor: one
+ *           contiguous byte range (q/k/v, gate/up, q_b, kv_b, the shared
+ *           experts' and every routed expert's gate/up with their int4
+ *           group scales); Llama k/v with fewer KV heads than ranks: the
+ *           rows of the one KV head the rank uses; the LM head when N
+ *           divides the vocabulary (else whole, as tp_shard.c keeps it)
+ *   row     (o_proj, down_proj, every expert's down) the rank's columns of
+ *           every row, one pread each, when that part is at least
+ *           m->load_row_min bytes (default MODEL_LOAD_ROW_MIN = 1 KiB); else
+ *           the whole tensor in large reads, and model_slice_cols copies
+ *           the columns in memory. Measured (tests/perf/bench_load,
+ *           docs/kimi-k2.5.md "Loading at scale"): 1 KiB of 8 KiB rows reads
+ *           1.2-1.5x (cold) and 2.4-3x (cached) faster per row; 128 B of 1 KiB
+ *           rows (Kimi's int4 expert down_proj at TP 8) no faster cold and
+ *           3.5-4x slower cached, a syscall per 128 bytes
+ *   replicated  whole (norms, the latent down-projections, the router,
+ *           the embedding: every rank looks up any token id)
+ *   not read: tensors with no role (vision tower), layers past
+ *           num_hidden_layers (an MTP module), a tied lm_head.weight.
+ * At TP 1 that is every tensor the model uses, whole.
+ * The reads put the bytes in the page cache, where the read-only mapping's
+ * views (and model_slice_cols, and a device backend's weight_place staging)
+ * then find them; with the test aid ST_OPEN_POISON they go into the
+ * anonymous shard copies, so a byte the model uses that the plan missed
+ * shows up as 0xA5 in the weights (tests/loader/test_load_rank.c).
+ * Threading: load time, the loading thread (st_prefetch runs its readers).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/loader/st_load.h"
+#include "engine/model/deepseek_v3.h"
+#include "engine/model/hf_config.h"
+#include "engine/model/model_internal.h"
+#include "engine/util/log.h"
+
+/* The layer index of "...layers.N....", or -1. */
+static long layer_of(const char *name) {
+    const char *p = strstr(name, "layers.");
+    if (!p) return -1;
+    char *end;
+    const long l = strtol(p + 7, &end, 10);
+    return end != p + 7 && *end == '.' ? l : -1;
+}
+
+static bool has_suffix(const char *s, const char *suf) {
+    const size_t a = strlen(s), b = strlen(suf);
+    return a >= b && memcmp(s + a - b, suf, b) == 0;
+}
+
+/* Rows [r R/N, (r+1) R/N) when N divides R, else the whole tensor (tp_shard.c refuses such a size later). */
+static int plan_column(st_plan *p, const st_model *st, const st_tensor *t, int32_t r, int32_t N, specd_err *err) {
+    if (N <= 1 || t->n_dims < 1 || t->shape[0] % N) return st_plan_whole(p, st, t, err);
+    const int64_t n = t->shape[0] / N;
+    return st_plan_rows(p, st, t, (int64_t)r * n, n, err);
+}
+
+/* A row-parallel tensor: the rank's columns row by row when they are at least ROW_MIN bytes a row, else whole. */
+static int plan_row(st_plan *p, const st_model *st, const st_tensor *t, int32_t r, int32_t N, int64_t row_min,
+                    specd_err *err) {
+    const uint64_t rb = t->n_dims == 2 && t->shape[0] > 0 ? t->nbytes / (uint64_t)t->shape[0] : 0;
+    if (N > 1 && rb && t->shape[1] % N == 0 && rb % (uint64_t)N == 0 && rb / (uint64_t)N >= (uint64_t)row_min)
+        return st_plan_row_parts(p, st, t, r, N, err);
+    return st_plan_whole(p, st, t, err);
+}
+
+static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, int64_t row_min,
+                      specd_err *err) {
+    for (size_t i = 0; i < st_n_tensors(st); i++) {
+        const st_tensor *t = st_tensor_at(st, i);
+        const char *nm = t->name;
+        if (!strcmp(nm, "lm_head.weight")) {
+            if (hc->tie_embeddings) continue; /* ignored: the head is the embedding */
+            if (plan_column(p, st, t, r, hc->vocab % N == 0 ? N : 1, err) < 0) return -1;
+            continue;
+        }
+        const bool kv = has_suffix(nm, "self_attn.k_proj.weight") || has_suffix(nm, "self_attn.v_proj.weight");
+        if (kv && N > 1 && hc->n_kv_heads % N && N % hc->n_kv_heads == 0) {
+            /* fewer KV heads than ranks: the one head this rank's q heads use (tp_shard.c kv_h0) */
+            const int64_t h0 = r / (N / hc->n_kv_heads);
+            if (st_plan_rows(p, st, t, h0 * hc->head_dim, hc->head_dim, err) < 0) return -1;
+            continue;
+        }
+        const tp_style s = model_linear_parallel(nm);
+        const bool embed = strstr(nm, "embed_tokens") != NULL;
+        const int rc = s == TP_COLUMN && !embed ? plan_column(p, st, t, r, N, err)
+                       : s == TP_ROW          ? plan_row(p, st, t, r, N, row_min, err)
+                                              : st_plan_whole(p, st, t, err);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, int64_t row_min,
+                     specd_err *err) {
+    for (size_t i = 0; i < st_n_tensors(st); i++) {
+        const st_tensor *t = st_tensor_at(st, i);
+        const char *nm = t->name;
+        const int s = dsv3_tensor_parallel(nm);
+        const long l = layer_of(nm);
+        if (s < 0 || l >= hc->n_layers) continue; /* no role (vision tower), or an MTP layer: never loaded */
+        int rc;
+        if (has_suffix(nm, "embed_tokens.weight")) {
+            rc = st_plan_whole(p, st, t, err); /* replicated in the model (any rank embeds any id) */
+        } else if (has_suffix(nm, "lm_head.weight")) {
+            if (hc->tie_embeddings) continue;
+            rc = plan_column(p, st, t, r, hc->vocab % N == 0 ? N : 1, err);
+        } else {
+            rc = s == TP_COLUMN ? plan_column(p, st, t, r, N, err)
+                 : s == TP_ROW  ? plan_row(p, st, t, r, N, row_min, err)
+                                : st_plan_whole(p, st, t, err);
+        }
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err) {
+    if (st_open_ex(m->path, m->load_st_flags, out, err) < 0) return -1;
+    const double t0 = model_now_s();
+    const int32_t N = m->tp ? m->tp->size : 1, r = m->tp ? m->tp->rank : 0;
+    m->load_info.bytes_files = 0;
+    for (int s = 0; s < st_n_shards(*out); s++) m->load_info.bytes_files += (int64_t)st_shard_size(*out, s);
+    if (m->load_lazy && !(m->load_st_flags & ST_OPEN_POISON)) return 0; /* the mapping faults pages in as used */
+    if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
+    st_plan p = {0};
+    st_load_stats s;
+    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
+    const int rc = hc->arch == MODEL_ARCH_LLAMA ? plan_llama(&p, *out, hc, r, N, row_min, err)
+                                                : plan_dsv3(&p, *out, hc, r, N, row_min, err);
+    if (rc < 0 || st_prefetch(*out, &p, m->load_threads, &s, err) < 0) {
+        st_plan_free(&p);
+        return -1;
+    }
+    st_plan_free(&p);
+    m->load_info.bytes_read = (int64_t)s.bytes_read;
+    m->load_info.threads = s.threads;
+    m->load_info.read_seconds = model_now_s() - t0;
+    LOG_INFO("rank %d/%d: read %.3f GB of the %.3f GB in %d files (%d of them touched, %zu ranges) in %.2f s with %d "
+             "threads (%.2f GB/s)",
+             r, N, (double)s.bytes_read * 1e-9, (double)s.bytes_files * 1e-9, st_n_shards(*out), s.files_read,
+             s.n_ranges, s.seconds, s.threads, s.seconds > 0 ? (double)s.bytes_read * 1e-9 / s.seconds : 0.0);
+    return 0;
+}
