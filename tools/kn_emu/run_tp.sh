@@ -10,11 +10,14 @@
 # equal CPU TP's bit for bit (cuda_ipc sums in rank order in f32, like shm).
 # Then tests/backend/test_cuda_tp_sample.c the same way: sampling on the
 # device at TP 2, with the device -> host bytes of every step checked (no
-# host staging under cuda_ipc).
+# host staging under cuda_ipc). Then tests/backend/test_cuda_tp_draft.c: the
+# EAGLE-3 head split across the device ranks (SmolLM2 at TP 3 with a
+# vocabulary-split draft LM head), rank 0's bytes per step exactly the table.
 # The fake's CUDA names are renamed fake_*, so it links next to the
 # emulation's cudart. BUILD_DIR: a configured specd build with the engine's
 # and draft's static libraries built. Runs the HF minis (MODEL_HF_MINI_DIR,
-# default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation).
+# default BUILD_DIR/model_hf_mini); SmolLM2 only for the draft test (its
+# quick mode: one case).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -30,13 +33,15 @@ tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp.c" -o "$out/test_cuda_tp.o"
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp_sample.c" \
     -o "$out/test_cuda_tp_sample.o"
+$CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/test_cuda_tp_draft.c" \
+    -o "$out/test_cuda_tp_draft.o"
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -c "$root/tests/backend/cuda_fake.c" -o "$out/cuda_fake.o"
 # the TP adapter compiled from the source here (not taken from BUILD_DIR's library, which may be older)
 $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off -I"$root" -c "$root/engine/runtime/tp.c" -o "$out/tp.o"
 lib="$build/engine"
 libs="$build/draft/libspecd_draft.a $lib/libspecd_runtime.a $lib/libspecd_model.a $lib/libspecd_tokenizer.a
       $lib/libspecd_loader.a $lib/libspecd_backend.a $build/kernels/libspecd_kn_pack.a $lib/libspecd_util.a"
-for t in test_cuda_tp test_cuda_tp_sample; do
+for t in test_cuda_tp test_cuda_tp_sample test_cuda_tp_draft; do
     # shellcheck disable=SC2086
     $CXX -o "$out/$t" "$out/$t.o" "$out/cuda_fake.o" "$out/tp.o" $objs "$out/kn_allreduce.o" "$out/kn_emu_runtime.o" \
         $libs -ljansson -lpcre2-8 -lcrypto -lpthread -lm
@@ -45,4 +50,12 @@ export MODEL_HF_MINI_DIR=${MODEL_HF_MINI_DIR:-"$build/model_hf_mini"} SPECD_MODE
 echo "== backend_cuda_tp with --tp-comm cuda_ipc (kn_emu)"
 "$out/test_cuda_tp"
 echo "== backend_cuda_tp_sample with --tp-comm cuda_ipc (kn_emu): device sampling at TP 2, bytes per step checked"
-exec "$out/test_cuda_tp_sample"
+"$out/test_cuda_tp_sample"
+# the EAGLE-3 head split across the device ranks (SmolLM2 at TP 3, its LM head split by vocabulary: the
+# all-gather through cuda_ipc), rank 0's bytes per step exactly the table; needs the SmolLM2 GGUF
+gguf="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -r "$gguf" ]; then
+    echo "== backend_cuda_tp_draft with --tp-comm cuda_ipc (kn_emu): the split head at TP 3, bytes per step exact"
+    SPECD_MODEL_GGUF="$gguf" SPECD_SOURCE_DIR="$root" SPECD_TP_DRAFT_QUICK=1 exec "$out/test_cuda_tp_draft"
+fi
+echo "== backend_cuda_tp_draft: skipped ($gguf not readable)"
