@@ -185,9 +185,12 @@ static int grp_open(grp *g, const char *gguf, const char *head, const char *hot,
     eagle3_opts eo = head_opts(g->on_dev, hot);
     char why[160] = "";
     if (g->on_dev) {
+        const size_t a0 = bk_cuda_arena_used(g->be);
         const int split = eagle3_tp_load(head, g->m, &eo, c, &g->mc, &g->sp, why, sizeof why, err);
         if (split < 0) return -1;
         if (split != 1) return specd_err_set(err, "the head did not split across %d ranks: %s", N_TP, why);
+        printf("rank 0's draft shard%s: %.1f MiB of its arena (weights, KV, workspace, feature pool, buffers)\n",
+               *hot ? " (hot vocabulary)" : "", (double)(bk_cuda_arena_used(g->be) - a0) / (1 << 20));
     } else if (eagle3_load(head, g->m, &eo, &g->sp, err) < 0 ||
                eagle3_head_tp_shard(eagle3_proposer_head(g->sp), c, &g->mc, why, sizeof why, err) != 1) {
         if (!err->msg[0]) specd_err_set(err, "the CPU head did not split: %s", why);
