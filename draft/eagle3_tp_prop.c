@@ -27,8 +27,8 @@
  *   EXTEND_ROWS  [-5, id, id, n, pos0, row0, tokens[n]]
  *   PROPOSE      [-6, n, k_max, flags (1 temps, 2 q wanted), ids[2n], k[n],
  *                temps[n] (f32 bits)]
- *   TRUNCATE     [-7, id, id, n_ctx]   SEED [-8, id, id, seed, seed]
- *   FREE         [-9, id, id]
+ *   TRUNCATE     [-7, id, id, n_ctx, 0]   SEED [-8, id, id, seed, seed]
+ *   FREE         [-9, id, id, 0, 0]
  * Failures: a post that fails aborts the group (the ranks would no longer
  * hold the same state). On a worker a failing extend is logged and not fatal
  * (rank 0's identical state failed identically: a full feature pool is a
@@ -173,14 +173,12 @@ int eagle3_tp_serve_proposer(spec_proposer *p, const model *target, const int32_
         return rc;
     }
     case E3P_TRUNCATE:
-        op->truncate(p->ctx, id_of(msg + 1), msg[3]);
-        return 0;
     case E3P_SEED:
-        if (n < 20) return specd_err_set(err, "draft mirror: malformed seed");
-        op->seed_seq(p->ctx, id_of(msg + 1), (uint64_t)id_of(msg + 3));
-        return 0;
-    case E3P_FREE:
-        op->free_seq(p->ctx, id_of(msg + 1));
+    case E3P_FREE: /* always 5 words (e3m_post_seq) */
+        if (n < 20) return specd_err_set(err, "draft mirror: malformed sequence message %d", msg[0]);
+        if (msg[0] == E3P_TRUNCATE) op->truncate(p->ctx, id_of(msg + 1), msg[3]);
+        else if (msg[0] == E3P_SEED) op->seed_seq(p->ctx, id_of(msg + 1), (uint64_t)id_of(msg + 3));
+        else op->free_seq(p->ctx, id_of(msg + 1));
         return 0;
     default:
         return specd_err_set(err, "draft mirror: unknown message %d", msg[0]);

@@ -47,7 +47,8 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  * cannot run yet: DeepSeek-V3). --device auto
  * (default): cuda when both would hold, else cpu with one log line saying
  * why. A draft head runs on the same cuda backend as its target (weights,
- * KV and buffers in the arena, planned below); only a head the GPU cannot
+ * KV and buffers in the arena, planned below; at TP > 1 split across the GPU
+ * ranks, draft/eagle3_tp.h eagle3_tp_load); only a head the GPU cannot
  * run (head_dim beyond the attention kernel's) falls back to a CPU backend
  * of its own, with one log line saying why (specd_bundle_load).
  *
