@@ -65,6 +65,7 @@
 #include <stdint.h>
 
 #include "draft/eagle3_config.h"
+#include "engine/comm/comm.h"
 #include "engine/model/model.h"
 #include "engine/runtime/proposer.h"
 #include "engine/util/err.h"
@@ -97,6 +98,8 @@ typedef struct eagle3_opts {
                             * LM head when it uses it whole) and keeps weights, KV and buffers in device
                             * memory (docs/draft.md "On the GPU"). Another backend (a CPU one next to a
                             * device target: the fallback) reads the target's host views. */
+    comm *tp_comm;         /* device tensor parallelism: set by eagle3_tp_load (eagle3_tp.h); NULL otherwise */
+    const model_comm *tp_mc;
 } eagle3_opts;
 
 /* Loads the head in DIR for TARGET (shapes checked against it, d2t/t2d

@@ -20,7 +20,9 @@
  * placed there at load, eagle3_weights.c head_place), so a call launches ops
  * and uploads only its step metadata (ops->meta_upload); nothing is read
  * back. The host-pointer functions wrap host buffers for them and need a
- * host-visible backend (tests, tensor-parallel ranks, which are CPU only).
+ * host-visible backend (tests, CPU tensor-parallel ranks). At device tensor
+ * parallelism (eagle3_tp_load) every rank runs these on its shard: the
+ * all-reduces and the LM head's all-gather are its only cross-rank traffic.
  * Threading: engine thread only (the backend parallelises inside ops).
  */
 #include <math.h>
@@ -90,7 +92,8 @@ int eagle3_layer_t(eagle3_head *h, const eagle3_rows *r, const bk_tensor *ids_in
         if (r->pos[i] < 0 || r->seq_of[i] < 0 || r->seq_of[i] >= r->n_seqs)
             return specd_err_set(err, "draft row %d: bad position or sequence index", i);
     }
-    if (h->tp && !r->tokens) return specd_err_set(err, "draft layer: tensor parallelism needs the host token ids");
+    if (h->tp && !eagle3_tp_mirror(h) && !r->tokens)
+        return specd_err_set(err, "draft layer: tensor parallelism (CPU) needs the host token ids");
     if (eagle3_tp_post_layer(h, r, bk_f32(g), err) < 0) return -1; /* rank 0: the workers run the same call */
     float *w0 = eagle3_workspace(h, eagle3_layer_ws(h, T));
     if (!w0) return specd_err_set(err, "no workspace for a %d-row draft step", T);
@@ -164,14 +167,21 @@ int eagle3_logits_t(eagle3_head *h, const bk_tensor *hid, bk_tensor *logits, spe
                              (long long)hid->rows, (long long)hid->cols, (long long)logits->rows,
                              (long long)logits->cols, eagle3_head_n_scored(h));
     if (eagle3_tp_post_logits(h, bk_f32(hid), n, err) < 0) return -1; /* rank 0, split LM head: the workers join */
-    /* The layer's workspace is free again here; norm into it (and the local logits of a split head after it). */
-    float *xn = eagle3_workspace(h, (size_t)n * H + (split ? (size_t)n * Vl : 0));
+    /* The layer's workspace is free again here; norm into it (and the local logits of a split head after it;
+     * on a device, mirrored, then the all-gathered [N, n, Vl] rows, interleaved into logits on every rank) */
+    const bool dev_split = split && eagle3_tp_mirror(h);
+    const size_t N = (size_t)eagle3_tp_size(h);
+    float *xn = eagle3_workspace(h, (size_t)n * H + (split ? (size_t)n * Vl * (dev_split ? 1 + N : 1) : 0));
     if (!xn) return specd_err_set(err, "no workspace for %d draft logits rows", n);
     bk_tensor xt = bk_wrap_f32(xn, n, H), gf = vec(h, h->n_final, &h->t_final, H);
     bk_tensor lt = split ? bk_wrap_f32(xn + (size_t)n * H, n, (int64_t)Vl) : *logits;
     if (h->tgt.be->ops->rmsnorm(h->tgt.be->ctx, hid, &gf, h->cfg.rms_eps, &xt) < 0 ||
         h->tgt.be->ops->matmul(h->tgt.be->ctx, &h->lm_head, &xt, &lt))
         return specd_err_set(err, "draft lm_head matmul failed");
+    if (dev_split) {
+        bk_tensor all = bk_wrap_f32(xn + (size_t)n * H + (size_t)n * Vl, (int64_t)N * n, (int64_t)Vl);
+        return eagle3_tp_gather_logits_t(h, &lt, &all, logits, err);
+    }
     return split ? eagle3_tp_gather_logits(h, bk_f32(&lt), n, bk_f32(logits), err) : 0;
 }
 

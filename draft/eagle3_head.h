@@ -27,6 +27,8 @@
 #include "draft/eagle3_config.h"
 #include "draft/eagle3_vocab.h"
 #include "engine/backend/backend.h"
+#include "engine/comm/comm.h"
+#include "engine/model/model.h"
 #include "engine/util/err.h"
 
 /* What the head borrows from its target. */
@@ -58,6 +60,13 @@ typedef struct eagle3_head_opts {
                                   rows at load. Drafts are still verified: lossless either way. */
     int32_t max_rows;          /* rows of one forward call the workspace is allocated for at load (<= 0:
                                   512); a device backend refuses larger calls, a host-visible one grows */
+    int32_t logit_rows;        /* rows of one logits call (the chain's sequences; <= 0: max_rows): a
+                                  vocabulary-split head on a device sizes its gather space for them */
+    comm *tp_comm;             /* device tensor parallelism (eagle3_tp.h eagle3_tp_load): the head is cut
+                                  to this rank's shard BEFORE it is placed, mirrored (every rank runs the
+                                  whole proposer on its shard); NULL = the whole head (or a CPU TP split
+                                  after load: eagle3_head_tp_shard) */
+    const model_comm *tp_mc;   /* the target's collectives over the same group, with tp_comm */
 } eagle3_head_opts;
 
 typedef struct eagle3_head eagle3_head;

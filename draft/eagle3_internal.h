@@ -71,6 +71,26 @@ int eagle3_tp_post_logits(eagle3_head *h, const float *hid, int32_t n, specd_err
 int eagle3_tp_all_reduce(eagle3_head *h, bk_tensor *x, specd_err *err);
 int eagle3_tp_gather_logits(eagle3_head *h, const float *local, int32_t n, float *logits, specd_err *err);
 bool eagle3_tp_vocab_split(const eagle3_head *h);
+/* Device TP (eagle3_tp_load): every rank runs the proposer on its shard; nothing is posted. */
+bool eagle3_tp_mirror(const eagle3_head *h);
+/* Device TP, split LM head: local [n, Vl] -> all [N * n, Vl] (all-gather on the backend's memory) -> logits
+ * [n, N * Vl] (one copy_cols per rank), on every rank. */
+int eagle3_tp_gather_logits_t(eagle3_head *h, const bk_tensor *local, bk_tensor *all, bk_tensor *logits,
+                              specd_err *err);
 int eagle3_tp_size(const eagle3_head *h); /* ranks the head is split over (1: whole) */
+comm *eagle3_tp_comm(const eagle3_head *h); /* the host group of a split head, or NULL */
+/* Device TP: cuts h to this rank's shard (mirror mode) before placement; shapes that do not divide: -1. */
+int eagle3_head_tp_shard_mirror(eagle3_head *h, comm *c, const model_comm *mc, specd_err *err);
+
+/* eagle3_tp_prop.c: rank 0's mirror of the proposer calls (device TP). The proposer (eagle3_proposer.c)
+ * posts each call before running it once eagle3_proposer_mirror gave it the group. e3m_post_seq: kind 0
+ * truncate (arg n_ctx), 1 seed (arg seed), 2 free; a failure aborts the group (logged). */
+struct spec_proposer;
+void eagle3_proposer_mirror(struct spec_proposer *p, comm *c);
+int e3m_post_extend(comm *c, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, const float *aux,
+                    int32_t featw, bool rows, int32_t row0, specd_err *err);
+int e3m_post_propose(comm *c, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                     bool want_q, specd_err *err);
+void e3m_post_seq(comm *c, int kind, int64_t id, uint64_t arg);
 
 #endif

@@ -39,6 +39,9 @@
  * gather_rows) and downloads the drafted ids ONCE at the end; only a
  * sampled draft (temperature > 0 with q wanted) brings its step's logits to
  * the host (the draw uses the sequence's host RNG).
+ * Device tensor parallelism (eagle3_tp_prop.c): every rank runs this proposer
+ * on its shard of the head; rank 0's posts each engine call (mirror) to the
+ * workers before running it, so all ranks hold the same state.
  * Invariants: n_kv <= max(n_tok - 1, 0) (n_tok - 2 after a propose);
  * n_kv <= n_feat <= n_tok; the block table covers every position written.
  * A truncate to n <= n_kv drops the window (n_kv = n - 1, n_feat = n_kv):
@@ -53,6 +56,7 @@
 
 #include "draft/eagle3.h"
 #include "draft/eagle3_head.h"
+#include "draft/eagle3_internal.h"
 #include "engine/util/log.h"
 
 typedef struct e3_seq {
@@ -111,6 +115,7 @@ typedef struct e3_proposer {
     int32_t gr_pad;            /* the padding rows' draft KV block (held while graphs exist) */
     void *gr_x0;               /* the buffer the graphs read the chain's first rows from (P->hA.p at capture) */
     eagle3_graph_stats gst;
+    comm *mirror;              /* device TP, rank 0: every call is posted to the workers first (eagle3_tp_prop.c) */
 } e3_proposer;
 
 /* ------------------------------------------------------------ small helpers */
@@ -493,6 +498,7 @@ static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, in
     e3_proposer *P = ctx;
     if (n <= 0) return 0;
     if (pos0 < 0 || !tokens) return specd_err_set(err, "eagle3 extend: bad arguments");
+    if (P->mirror && e3m_post_extend(P->mirror, id, tokens, n, pos0, aux, P->featw, false, 0, err) < 0) return -1;
     e3_seq *s = seq_get(P, id);
     if (!s) return specd_err_set(err, "out of memory");
     if (extend_tokens(P, s, tokens, n, pos0, err) < 0) return -1;
@@ -513,6 +519,7 @@ static int op_extend_rows(void *ctx, int64_t id, const int32_t *tokens, int32_t 
     if ((int64_t)row0 + n > P->src_aux.rows)
         return specd_err_set(err, "eagle3 extend_rows: rows %d..%d outside the target's aux buffer of %lld", row0,
                              row0 + n - 1, (long long)P->src_aux.rows);
+    if (P->mirror && e3m_post_extend(P->mirror, id, tokens, n, pos0, NULL, 0, true, row0, err) < 0) return -1;
     e3_seq *s = seq_get(P, id);
     if (!s) return specd_err_set(err, "out of memory");
     if (extend_tokens(P, s, tokens, n, pos0, err) < 0 || extend_feats(P, s, n, pos0, NULL, row0, err) < 0) return -1;
@@ -974,6 +981,7 @@ void eagle3_graph_get_stats(const spec_proposer *p, eagle3_graph_stats *out) {
 static int op_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
                       int32_t *out_tokens, float *out_q, specd_err *err) {
     e3_proposer *P = ctx;
+    if (P->mirror && e3m_post_propose(P->mirror, ids, k, n, k_max, temps, out_q != NULL, err) < 0) return -1;
     for (int64_t i = 0; i < (int64_t)n * k_max; i++) out_tokens[i] = -1;
     if (out_q) memset(out_q, 0, sizeof(float) * (size_t)n * k_max * P->Vt);
     if (n <= 0 || k_max <= 0) return 0;
@@ -1023,18 +1031,21 @@ done:
 
 static void op_truncate(void *ctx, int64_t id, int32_t n_ctx) {
     e3_proposer *P = ctx;
+    if (P->mirror) e3m_post_seq(P->mirror, 0, id, (uint64_t)(uint32_t)n_ctx);
     e3_seq *s = seq_find(P, id, NULL);
     if (s) seq_truncate(P, s, n_ctx);
 }
 
 static void op_seed_seq(void *ctx, int64_t id, uint64_t seed) {
     e3_proposer *P = ctx;
+    if (P->mirror) e3m_post_seq(P->mirror, 1, id, seed);
     e3_seq *s = seq_get(P, id);
     if (s) rng_seed(s->rng, seed); /* out of memory: extend reports it */
 }
 
 static void op_free_seq(void *ctx, int64_t id) {
     e3_proposer *P = ctx;
+    if (P->mirror) e3m_post_seq(P->mirror, 2, id, 0);
     int32_t i;
     e3_seq *s = seq_find(P, id, &i);
     if (!s) return;
@@ -1086,7 +1097,7 @@ int eagle3_head_load_for(const char *dir, model *target, const eagle3_opts *o, e
     const int32_t rows = o->max_rows > 0 ? o->max_rows : 512, seqs = o->max_seqs > 0 ? o->max_seqs : 64;
     eagle3_head_opts ho = {o->aux_ids_convention, model_kv_block_size(target),
                            o->n_blocks > 0 ? o->n_blocks : model_kv_n_blocks(target) + 256, o->q8_0, o->hot_vocab,
-                           rows > seqs ? rows : seqs};
+                           rows > seqs ? rows : seqs, seqs, o->tp_comm, o->tp_mc};
     return eagle3_head_load(dir, &t, &ho, out, err);
 }
 
@@ -1169,6 +1180,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
 void eagle3_destroy(spec_proposer *p) {
     if (!p) return;
     e3_proposer *P = p->ctx;
+    P->mirror = NULL; /* the workers' copies go with their own proposers */
     eagle3_graphs_release(p);
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
@@ -1182,3 +1194,7 @@ void eagle3_destroy(spec_proposer *p) {
 }
 
 struct eagle3_head *eagle3_proposer_head(spec_proposer *p) { return p ? ((e3_proposer *)p->ctx)->head : NULL; }
+
+void eagle3_proposer_mirror(spec_proposer *p, comm *c) {
+    if (p) ((e3_proposer *)p->ctx)->mirror = c;
+}

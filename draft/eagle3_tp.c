@@ -8,6 +8,9 @@
  *            block count then the block ids]; then g [n, H] f32 by broadcast
  *   LOGITS  [-3, n]; then hid [n, H] f32 by broadcast (only with a
  *            vocabulary-split LM head: otherwise rank 0 alone computes them)
+ * Device tensor parallelism (eagle3_tp_load, mirror mode) posts none of these:
+ * every rank runs the proposer itself (eagle3_tp_prop.c), so only the
+ * collectives inside the forward cross ranks, on device memory.
  * Threading: see eagle3_tp.h.
  */
 #include "draft/eagle3_tp.h"
@@ -27,6 +30,7 @@ struct eagle3_tp {
     const model_comm *mc;
     int rank, size;
     bool vocab_split;       /* lm_head rows split: logits all-gathered */
+    bool mirror;            /* device TP: every rank runs the proposer (nothing posted; eagle3_tp_load) */
     int32_t vl;             /* lm_head rows held */
 };
 
@@ -51,23 +55,38 @@ static int cols_copy(eagle3_head *h, bk_weight *w, int64_t c0, int64_t n) {
     return 0;
 }
 
-int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *why, size_t why_len, specd_err *err) {
-    const eagle3_config *cf = &h->cfg;
-    const int N = comm_world(c), r = comm_rank(c), hd = cf->head_dim;
+int eagle3_tp_splits(const eagle3_config *cf, int N, bool q8_0, char *why, size_t why_len) {
     if (N <= 1) return 0;
-    const int64_t Vs = h->lm_head.rows;
     if (cf->n_heads % N || (cf->n_kv_heads % N && N % cf->n_kv_heads) || cf->ffn % N) {
         snprintf(why, why_len, "%d heads / %d KV heads / MLP %d do not divide by %d", cf->n_heads, cf->n_kv_heads,
                  cf->ffn, N);
         return 0;
     }
+    /* the row-parallel inputs must be cut on whole blocks (Q8_0 after --draft-quantization: 32 values) */
+    const int nhd = cf->n_heads / N * cf->head_dim, ffl = cf->ffn / N;
+    if (q8_0 && (nhd % 32 || ffl % 32)) {
+        snprintf(why, why_len, "o_proj / down_proj slices of %d / %d inputs would cut a 32-value block", nhd, ffl);
+        return 0;
+    }
+    return 1;
+}
+
+/* Cuts h to rank r of N (host views: before placement on a device). mirror: every rank runs the proposer
+ * itself (device TP, eagle3_tp_load): nothing is posted, and a vocabulary that does not divide is scored
+ * whole on every rank instead of on rank 0 alone. */
+static int shard(eagle3_head *h, comm *c, const model_comm *mc, bool mirror, char *why, size_t why_len,
+                 specd_err *err) {
+    const eagle3_config *cf = &h->cfg;
+    const int N = comm_world(c), r = comm_rank(c), hd = cf->head_dim;
+    const bool q8 = h->wo.type == BK_W_Q8_0 || h->wdown.type == BK_W_Q8_0;
+    if (!eagle3_tp_splits(cf, N, q8, why, why_len)) return 0;
+    const int64_t Vs = h->lm_head.rows;
     const int nhl = cf->n_heads / N, nkvl = cf->n_kv_heads % N == 0 ? cf->n_kv_heads / N : 1;
     const int kv0 = cf->n_kv_heads % N == 0 ? r * nkvl : r / (N / cf->n_kv_heads);
-    /* the row-parallel inputs must be cut on whole blocks (Q8_0 after --draft-quantization) */
     if ((r && !bk_row_span(h->wo.type, (int64_t)r * nhl * hd)) || !bk_row_span(h->wo.type, (int64_t)nhl * hd) ||
         !bk_row_span(h->wdown.type, (int64_t)cf->ffn / N) || (r && !bk_row_span(h->wdown.type, (int64_t)r * (cf->ffn / N)))) {
-        snprintf(why, why_len, "o_proj / down_proj slices of %d / %d inputs would cut a 32-value block", nhl * hd,
-                 cf->ffn / N);
+        snprintf(why, why_len, "o_proj / down_proj slices of %d / %d inputs would cut a block of their format",
+                 nhl * hd, cf->ffn / N);
         return 0;
     }
     struct eagle3_tp *t = head_own(h, sizeof *t);
@@ -76,6 +95,7 @@ int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *wh
     t->mc = mc;
     t->rank = r;
     t->size = N;
+    t->mirror = mirror;
     t->vocab_split = Vs % N == 0;
     t->vl = t->vocab_split ? (int32_t)(Vs / N) : (int32_t)Vs;
     rows_view(&h->wq, (int64_t)r * nhl * hd, (int64_t)nhl * hd);
@@ -96,8 +116,20 @@ int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *wh
     h->tp = t;
     LOG_INFO("eagle3 head, tensor parallel rank %d/%d: %d of %d heads, KV head(s) %d..%d, MLP %d of %d, lm_head %s",
              r, N, nhl, cf->n_heads, kv0, kv0 + nkvl - 1, h->ffn_l, cf->ffn,
-             t->vocab_split ? "split by draft vocabulary" : "whole on rank 0");
+             t->vocab_split ? "split by draft vocabulary" : mirror ? "whole on every rank" : "whole on rank 0");
     return 1;
+}
+
+int eagle3_head_tp_shard(eagle3_head *h, comm *c, const model_comm *mc, char *why, size_t why_len, specd_err *err) {
+    if (comm_world(c) <= 1) return 0;
+    return shard(h, c, mc, false, why, why_len, err);
+}
+
+int eagle3_head_tp_shard_mirror(eagle3_head *h, comm *c, const model_comm *mc, specd_err *err) {
+    char why[160] = "";
+    const int rc = shard(h, c, mc, true, why, sizeof why, err);
+    if (rc == 0) return specd_err_set(err, "the head does not split across %d ranks: %s", comm_world(c), why);
+    return rc < 0 ? -1 : 0;
 }
 
 /* ------------------------------------------------------------ rank 0: posts */
@@ -115,7 +147,7 @@ static int post(eagle3_head *h, const int32_t *msg, size_t words, const float *x
 }
 
 int eagle3_tp_post_layer(eagle3_head *h, const eagle3_rows *rw, const float *g, specd_err *err) {
-    if (!h->tp || h->tp->rank != 0) return 0;
+    if (!h->tp || h->tp->rank != 0 || h->tp->mirror) return 0;
     const int32_t n = rw->n, S = rw->n_seqs;
     const size_t words = 3 + tp_rows_words(n, rw->pos, rw->seq_of, S, h->block_size);
     if (words * 4 > comm_step_max_bytes(h->tp->c))
@@ -132,7 +164,7 @@ int eagle3_tp_post_layer(eagle3_head *h, const eagle3_rows *rw, const float *g, 
 }
 
 int eagle3_tp_post_logits(eagle3_head *h, const float *hid, int32_t n, specd_err *err) {
-    if (!h->tp || h->tp->rank != 0 || !h->tp->vocab_split) return 0;
+    if (!h->tp || h->tp->rank != 0 || h->tp->mirror || !h->tp->vocab_split) return 0;
     const int32_t m[2] = {E3TP_LOGITS, n};
     return post(h, m, 2, hid, (size_t)n * h->cfg.hidden, err);
 }
@@ -143,7 +175,23 @@ int eagle3_tp_all_reduce(eagle3_head *h, bk_tensor *x, specd_err *err) {
 }
 
 bool eagle3_tp_vocab_split(const eagle3_head *h) { return h->tp && h->tp->vocab_split; }
+bool eagle3_tp_mirror(const eagle3_head *h) { return h->tp && h->tp->mirror; }
+
+int eagle3_tp_gather_logits_t(eagle3_head *h, const bk_tensor *local, bk_tensor *all, bk_tensor *logits,
+                              specd_err *err) {
+    struct eagle3_tp *t = h->tp;
+    const int64_t n = local->rows, Vl = local->cols;
+    if (t->mc->all_gather(t->mc->ctx, local, all, err) < 0) return -1;
+    backend *be = h->tgt.be;
+    for (int r = 0; r < t->size; r++) { /* rank-major [N, n, Vl] -> [n, N * Vl]: rank r's rows at columns r Vl */
+        const bk_tensor src = bk_rows(*all, (int64_t)r * n, n);
+        if (be->ops->copy_cols(be->ctx, logits, (int64_t)r * Vl, &src) < 0)
+            return specd_err_set(err, "draft logits: interleaving rank %d's columns failed", r);
+    }
+    return 0;
+}
 int eagle3_tp_size(const eagle3_head *h) { return h->tp ? h->tp->size : 1; }
+comm *eagle3_tp_comm(const eagle3_head *h) { return h && h->tp ? h->tp->c : NULL; }
 
 int eagle3_tp_gather_logits(eagle3_head *h, const float *local, int32_t n, float *logits, specd_err *err) {
     struct eagle3_tp *t = h->tp;

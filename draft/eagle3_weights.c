@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "draft/eagle3_internal.h"
+#include "draft/eagle3_tp.h"
 #include "engine/loader/gguf.h" /* fp16 conversion */
 #include "engine/util/log.h"
 
@@ -363,7 +364,8 @@ static int alloc_kv(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
     h->n_blocks = o && o->n_blocks > 0 ? o->n_blocks : 1024;
     if (h->block_size > 1024 || h->n_blocks > (1 << 22))
         return specd_err_set(err, "draft KV: %d blocks of %d tokens is out of range", h->n_blocks, h->block_size);
-    const size_t elems = (size_t)h->n_blocks * h->block_size * h->cfg.n_kv_heads * h->cfg.head_dim;
+    /* a device TP shard (cut before this) holds its KV heads only; a CPU TP shard is cut after (whole pool) */
+    const size_t elems = (size_t)h->n_blocks * h->block_size * (h->tp ? h->nkv_l : h->cfg.n_kv_heads) * h->cfg.head_dim;
     backend *be = h->tgt.be; /* zeroed backend memory (calloc on the CPU) */
     h->kv_k = be->ops->buf_alloc(be->ctx, elems * sizeof(float));
     h->kv_v = be->ops->buf_alloc(be->ctx, elems * sizeof(float));
@@ -400,7 +402,7 @@ static int mat_place(eagle3_head *h, bk_weight *w, const char *name, specd_err *
 static int head_place(eagle3_head *h, const eagle3_head_opts *o, specd_err *err) {
     backend *be = h->tgt.be;
     const eagle3_config *c = &h->cfg;
-    const int64_t Vs = h->lm_head.rows;
+    const int64_t Vs = eagle3_head_n_scored(h); /* all of them when a TP shard holds 1/N of the LM head's rows */
     /* d2t of the logits rows: used[i] - i (int32: ids fit, the map was validated) */
     int32_t *off = malloc(sizeof(int32_t) * (size_t)Vs);
     if (!off) return specd_err_set(err, "out of memory");
@@ -411,16 +413,22 @@ static int head_place(eagle3_head *h, const eagle3_head_opts *o, specd_err *err)
     free(off);
     if (rc < 0) return specd_err_set(err, "cannot place the draft's d2t map in %s memory", be->name);
     h->max_rows = o && o->max_rows > 0 ? o->max_rows : 512;
-    const size_t ws = eagle3_layer_ws(h, h->max_rows) > (size_t)h->max_rows * (size_t)c->hidden + 64
-                          ? eagle3_layer_ws(h, h->max_rows)
-                          : (size_t)h->max_rows * (size_t)c->hidden + 64;
+    size_t ws = eagle3_layer_ws(h, h->max_rows) > (size_t)h->max_rows * (size_t)c->hidden + 64
+                    ? eagle3_layer_ws(h, h->max_rows)
+                    : (size_t)h->max_rows * (size_t)c->hidden + 64;
+    if (eagle3_tp_vocab_split(h) && eagle3_tp_mirror(h)) { /* eagle3_logits_t: xn, local logits, the gathered rows */
+        const size_t lr = (size_t)(o->logit_rows > 0 && o->logit_rows < h->max_rows ? o->logit_rows : h->max_rows);
+        const size_t lw = lr * ((size_t)c->hidden + (size_t)h->lm_head.rows * (1 + (size_t)eagle3_tp_size(h))) + 64;
+        if (lw > ws) ws = lw;
+    }
     if (!(h->ws = be->ops->buf_alloc(be->ctx, ws * sizeof(float))))
         return specd_err_set(err, "cannot allocate the draft workspace (%d rows, %zu bytes of %s memory)", h->max_rows,
                              ws * sizeof(float), be->name);
     h->ws_cap = ws;
     if (be->host_visible) return 0;
     h->dev = true;
-    const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t H = c->hidden, qd = (int64_t)(h->tp ? h->nh_l : c->n_heads) * c->head_dim,
+                  kvd = (int64_t)(h->tp ? h->nkv_l : c->n_kv_heads) * c->head_dim; /* this rank's (device TP) */
     struct { bk_weight *w; const char *name; } mats[] = {
         {&h->fc, "fc"}, {&h->wq, "q_proj"}, {&h->wk, "k_proj"}, {&h->wv, "v_proj"}, {&h->wo, "o_proj"},
         {&h->wgate, "gate_proj"}, {&h->wup, "up_proj"}, {&h->wdown, "down_proj"},
@@ -503,6 +511,8 @@ int eagle3_head_load(const char *dir, const eagle3_target *t, const eagle3_head_
     h->inv_freq = head_own(h, sizeof(float) * (size_t)(c->head_dim / 2));
     if (!h->inv_freq) { specd_err_set(err, "out of memory"); goto fail; }
     eagle3_config_inv_freq(c, h->inv_freq);
+    /* device tensor parallelism: this rank's shard, cut on the host views before anything is placed */
+    if (o && o->tp_comm && eagle3_head_tp_shard_mirror(h, o->tp_comm, o->tp_mc, err) < 0) goto fail;
     if (alloc_kv(h, o, err) < 0 || head_place(h, o, err) < 0) goto fail;
     LOG_INFO("eagle3 head %s: %s layout, hidden %d (target %d), heads %d/%d x %d, ffn %d, rope_theta %g%s, "
              "norm_before_residual %s, aux layers {%d, %d, %d} (input convention), draft KV %d blocks x %d%s",

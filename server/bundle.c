@@ -48,7 +48,8 @@ void specd_model_name(const char *model_path, const specd_config *cfg, char *buf
  * reason). --device auto
  * (default): cuda when both would hold, else cpu with one log line saying
  * why. A draft head runs on the same cuda backend as its target (weights,
- * KV and buffers in the arena, planned below); only a head the GPU cannot
+ * KV and buffers in the arena, planned below; at TP > 1 split across the GPU
+ * ranks, draft/eagle3_tp.h eagle3_tp_load); only a head the GPU cannot
  * run (head_dim beyond the attention kernel's) falls back to a CPU backend
  * of its own, with one log line saying why (specd_bundle_load).
  *
@@ -203,18 +204,24 @@ typedef struct draft_dims {
     size_t fixed, per_tok;
 } draft_dims;
 
-static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64_t S, int32_t block, draft_dims *dd,
-                      specd_err *err) {
+static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_dims *d, int64_t R, int64_t S,
+                      int32_t block, int rank, int world, draft_dims *dd, specd_err *err) {
     memset(dd, 0, sizeof *dd);
     eagle3_config ec;
     if (eagle3_config_load(b->spec.model, &ec, err)) return specd_err_wrap(err, "draft %s", b->spec.model);
     dd->n_heads = ec.n_heads;
     dd->head_dim = ec.head_dim;
-    if (ec.head_dim > BK_CUDA_MAX_HEAD_DIM) {
+    if (ec.head_dim > BK_CUDA_MAX_HEAD_DIM) { /* every rank decides this alike: it says whether eagle3_tp_load runs */
         snprintf(dd->why, sizeof dd->why, "its head_dim %d exceeds the CUDA attention kernel's %d", ec.head_dim,
                  BK_CUDA_MAX_HEAD_DIM);
         return 0;
     }
+    /* at TP N on GPUs (draft/eagle3_tp.h eagle3_tp_load): a rank's shard when the head splits, else the whole
+     * head on rank 0 and nothing on the workers */
+    char nowhy[160];
+    const bool q8 = cfg->draft_quantization && !strcmp(cfg->draft_quantization, "q8_0");
+    const int64_t N = world > 1 && eagle3_tp_splits(&ec, world, q8, nowhy, sizeof nowhy) ? world : 1;
+    if (world > 1 && N == 1 && rank > 0) return 0;
     int64_t files = 0;
     DIR *dp = opendir(b->spec.model);
     struct dirent *de;
@@ -227,16 +234,24 @@ static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64
         files += fb > 0 ? fb : 0;
     }
     if (dp) closedir(dp);
-    const int64_t H = ec.hidden, qd = (int64_t)ec.n_heads * ec.head_dim, kvd = (int64_t)ec.n_kv_heads * ec.head_dim;
+    const int64_t nkv = N > 1 && ec.n_kv_heads % N ? 1 : ec.n_kv_heads / N;
+    dd->n_heads = ec.n_heads / N;
+    const int64_t H = ec.hidden, qd = dd->n_heads * ec.head_dim, kvd = nkv * ec.head_dim, I = ec.ffn / N;
     const int64_t Vd = ec.draft_vocab, featw = EAGLE3_MAX_AUX * d->hidden, rows = R > S ? R : S;
+    /* the LM head's rows: 1/N when they divide (the logits then all-gathered: S x (1 + N) x Vd / N more) */
+    const int64_t Vl = Vd % N ? Vd : Vd / N;
     const size_t kv_tok = 2 * (size_t)kvd * sizeof(float);
-    const size_t ws = 4 * (size_t)rows * (size_t)(5 * H + 2 * qd + 2 * kvd + 2 * ec.ffn) + 4096;
+    const size_t ws = 4 * (size_t)rows * (size_t)(5 * H + 2 * qd + 2 * kvd + 2 * I) + 4096 +
+                      (Vl < Vd ? 4 * (size_t)S * (size_t)(H + Vl * (1 + N)) : 0);
+    /* this rank's matrices: 1/N of the files, plus the replicated fc; all of it when the LM head stays whole (an
+     * upper bound: the head's other matrices are smaller than its LM head) */
+    if (N > 1) files = Vl == Vd ? files : files / N + 2 * featw * H;
     /* + the feature pool (eagle3.h feat_chunks' default, chunks of `block` rows) the pending pairs' features wait in */
     const int64_t chunks = 2 * ((R + block - 1) / block + 1) + S * ((b->spec.k + 2 + block - 1) / block + 1);
     const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17) +
                         4 * (size_t)(chunks * block) * (size_t)featw;
     dd->per_tok = kv_tok;
-    dd->fixed = (size_t)files + 4 * (size_t)Vd * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +
+    dd->fixed = (size_t)files + 4 * (size_t)Vl * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +
                 4 * (size_t)Vd + ((size_t)4 << 20); /* + d2t, norms, alignment */
     return 0;
 }
@@ -253,8 +268,11 @@ static int draft_plan(const specd_bundle *b, const dev_dims *d, int64_t R, int64
  * embedding (and DeepSeek-V3's replicated low-rank projections and routers),
  * its KV heads (MLA: the one latent, whole), its heads, its expert width.
  * The KV pools are then made equal (the smallest) by specd_tp_agree. No CUDA graphs at TP > 1 yet (the collectives
- * between the ops are not captured), and the draft head runs whole on rank
- * 0's CPU (not split across GPU ranks yet). */
+ * between the ops are not captured). A draft head is split like the target
+ * (draft/eagle3_tp.h eagle3_tp_load): each rank plans its shard (its heads,
+ * KV heads and MLP slice, its LM-head rows, its KV per token); when the
+ * head's shapes do not divide, rank 0 plans the whole head and the workers
+ * none. */
 static int bundle_backend(const char *model_path, const specd_config *cfg, int rank, int world, specd_bundle *b,
                           int64_t *kv_bytes, specd_err *err) {
     const char *want = cfg->device ? cfg->device : "auto";
@@ -339,11 +357,9 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     }
     draft_dims dd = {0};
     b->draft_why[0] = '\0';
-    if (b->spec.enabled && world > 1) {
-        snprintf(b->draft_why, sizeof b->draft_why, "the head is not split across GPU ranks yet (it runs whole on "
-                                                    "rank 0)");
-    } else if (b->spec.enabled) { /* the head shares the backend: its attention bounds and its memory join the plan */
-        if (draft_plan(b, &d, T < 512 ? T : 512, cfg->max_num_seqs, o.block_size, &dd, err) < 0) return -1;
+    if (b->spec.enabled) { /* the head shares the backend (at TP: this rank's shard): its bounds and memory join the plan */
+        if (draft_plan(b, cfg, &d, T < 512 ? T : 512, cfg->max_num_seqs, o.block_size, rank, world, &dd, err) < 0)
+            return -1;
         snprintf(b->draft_why, sizeof b->draft_why, "%s", dd.why);
         if (!dd.why[0]) {
             if (dd.n_heads > o.max_heads) o.max_heads = (int32_t)dd.n_heads;
@@ -531,9 +547,27 @@ static int draft_opts(const specd_config *cfg, eagle3_opts *eo, specd_err *err) 
     return 0;
 }
 
-/* A worker's draft calls (draft/eagle3_tp.h). */
+/* A worker's draft calls (draft/eagle3_tp.h): the CPU split's forward calls, or on GPU ranks the mirrored
+ * proposer calls. */
 static int worker_draft(void *ctx, const int32_t *msg, size_t n, specd_err *err) {
     return eagle3_tp_serve((eagle3_head *)ctx, msg, n, err);
+}
+typedef struct worker_prop {
+    spec_proposer *p;
+    model *m;
+} worker_prop;
+static int worker_mirror(void *ctx, const int32_t *msg, size_t n, specd_err *err) {
+    const worker_prop *w = ctx;
+    return eagle3_tp_serve_proposer(w->p, w->m, msg, n, err);
+}
+
+/* The options of a head on the target's device backend (rank 0 and the GPU workers alike: the buffers are
+ * sized the same on every rank, so their proposers stay in step). */
+static void draft_dev_opts(const specd_config *cfg, int32_t k, eagle3_opts *eo) {
+    eo->max_rows = cfg->max_num_batched_tokens < 512 ? cfg->max_num_batched_tokens : 512;
+    eo->max_seqs = cfg->max_num_seqs;
+    eo->max_k = k;
+    eo->aux_rows = cfg->max_num_batched_tokens; /* the target's aux stays on the device (counted in the ws) */
 }
 
 int specd_tp_threads(const specd_config *cfg) {
@@ -707,19 +741,30 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         } else if (!b->be->host_visible) {
             /* on the target's backend: weights, KV and buffers in the arena (planned in bundle_backend), the
              * target's placed embedding shared, argmax + d2t on the device, one download of ids per propose */
-            eo.max_rows = cfg->max_num_batched_tokens < 512 ? cfg->max_num_batched_tokens : 512;
-            eo.max_seqs = cfg->max_num_seqs;
-            eo.max_k = b->spec.k;
-            eo.aux_rows = cfg->max_num_batched_tokens; /* the target's aux stays on the device (counted in the ws) */
+            draft_dev_opts(cfg, b->spec.k, &eo);
             LOG_INFO("draft: on the %s backend with its target", b->device);
         }
-        if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
+        if (b->rk && !b->be->host_visible && !b->draft_be) {
+            /* every GPU rank loads its shard and runs the proposer on it, rank 0 mirroring the engine's calls
+             * (draft/eagle3_tp.h eagle3_tp_load; a collective, as the workers' specd_tp_worker_main), or the
+             * whole head on rank 0's GPU when its shapes do not divide */
+            char why[160] = "";
+            const int split = eagle3_tp_load(b->spec.model, b->m, &eo, ranks_comm(b->rk), &b->tp_comm, &b->proposer,
+                                             why, sizeof why, err);
+            if (split < 0) {
+                specd_err_wrap(err, "draft %s", b->spec.model);
+                goto fail;
+            }
+            if (split) LOG_INFO("draft head split across the %d GPU ranks (features on each rank's device)",
+                                cfg->tensor_parallel_size);
+            else LOG_INFO("draft head whole on rank 0's GPU (%s)", why);
+        } else if (eagle3_load(b->spec.model, b->m, &eo, &b->proposer, err)) {
             specd_err_wrap(err, "draft %s", b->spec.model);
             goto fail;
         }
         LOG_INFO("draft: %s (%s), k = %d%s", b->spec.model, b->spec.method, b->spec.k,
                  b->spec.adaptive ? " at most (adaptive)" : " (fixed)");
-        if (b->rk && !b->draft_be) { /* split like the target, or whole on rank 0 when its shapes do not divide */
+        if (b->rk && b->be->host_visible) { /* split like the target, or whole on rank 0 when its shapes do not divide */
             char why[160] = "";
             const int split = eagle3_head_tp_shard(eagle3_proposer_head(b->proposer), ranks_comm(b->rk), &b->tp_comm,
                                                    why, sizeof why, err);
@@ -748,6 +793,7 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
         ec.forward = tp_runner_forward;
         ec.forward_ctx = &b->tp_run;
         ec.forward_logits_dev = true; /* a device target samples on the device at TP too (logits gathered there) */
+        ec.forward_aux_dev = true;    /* and its draft reads the aux rows each rank captures on its device */
     }
     if (engine_create(&ec, b->m, b->tok, &b->eng, err)) {
         specd_err_wrap(err, "engine");
@@ -921,6 +967,8 @@ int specd_tp_worker_main(int argc, char **argv) {
     tp_dev_comm *dev = NULL;
     model *m = NULL;
     eagle3_head *head = NULL;
+    spec_proposer *dprop = NULL; /* GPU ranks: this rank's mirrored proposer (eagle3_tp_load) */
+    worker_prop wp = {0};
     int rc = 1;
     if (!args || argc < 2 || strcmp(argv[1], "serve") || cfg_defaults(&t, 1, &err) ||
         cfg_apply_env(&t, 1, NULL, &err) || cfg_parse_args(&t, 1, n, args, pos, 2, &n_pos, &help, &err) ||
@@ -963,12 +1011,18 @@ int specd_tp_worker_main(int argc, char **argv) {
         goto out;
     }
     LOG_INFO("tensor parallel rank %d/%d (pid %d): serving on %s", w.rank, w.world, (int)getpid(), wb.device);
-    /* the draft head's shard: loaded and split exactly as rank 0 does (eagle3_tp.h), or none (on a GPU
-     * backend the head runs whole on rank 0: bundle_backend) */
+    /* the draft head's shard: loaded and split exactly as rank 0 does (eagle3_tp.h), or none (the shapes do
+     * not divide: whole on rank 0; a head the GPU cannot run: on rank 0's CPU, bundle_backend's draft_why) */
     specd_spec spec;
     memset(&spec, 0, sizeof spec);
     if (specd_config_resolve(&cfg, &spec, &err) < 0) goto fail_worker;
-    if (spec.enabled && wb.be->host_visible) {
+    if (spec.enabled && !wb.be->host_visible && !wb.draft_why[0]) { /* GPU ranks: the mirrored proposer */
+        eagle3_opts eo = {0};
+        char why[160] = "";
+        if (draft_opts(&cfg, &eo, &err) < 0) goto fail_worker;
+        draft_dev_opts(&cfg, wb.spec.k, &eo);
+        if (eagle3_tp_load(spec.model, m, &eo, c, &mc, &dprop, why, sizeof why, &err) < 0) goto fail_worker;
+    } else if (spec.enabled && wb.be->host_visible) {
         eagle3_opts eo = {0};
         char why[160] = "";
         if (draft_opts(&cfg, &eo, &err) < 0 || eagle3_head_load_for(spec.model, m, &eo, &head, &err) < 0) goto fail_worker;
@@ -980,7 +1034,10 @@ int specd_tp_worker_main(int argc, char **argv) {
         }
     }
     specd_spec_free(&spec);
-    if (tp_worker_run_dev(c, m, dev, head ? worker_draft : NULL, head, &err) == 0) rc = 0;
+    if (dprop) wp = (worker_prop){dprop, m};
+    if (tp_worker_run_dev(c, m, dev, head ? worker_draft : dprop ? worker_mirror : NULL, head ? (void *)head : &wp,
+                          &err) == 0)
+        rc = 0;
     else LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
     goto out;
 fail_worker:
@@ -989,6 +1046,7 @@ fail_worker:
     comm_abort(c, err.msg);
 out:
     eagle3_head_destroy(head);
+    eagle3_destroy(dprop); /* before the model it borrows */
     model_destroy(m);
     tp_dev_comm_close(dev);
     bundle_backend_destroy(wb.be);

@@ -403,5 +403,5 @@ const bk_weight *model_lm_head_weight(const model *m) {
     return m->tp_size > 1 ? &m->lm_head_full : m->be->host_visible ? &m->lm_head : &m->lm_head_host;
 }
 backend *model_backend(const model *m) { return m->be; }
-const bk_weight *model_embed_placed(const model *m) { return m->tp_size > 1 ? NULL : &m->embed; }
+const bk_weight *model_embed_placed(const model *m) { return &m->embed; } /* replicated whole at TP too */
 const bk_weight *model_lm_head_placed(const model *m) { return m->tp_size > 1 ? NULL : &m->lm_head; }

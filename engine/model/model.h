@@ -248,8 +248,9 @@ backend *model_backend(const model *m);
 /* The same two in the model's backend memory (the copies its forward reads:
  * device memory on a device backend; == the host views on host-visible
  * ones), for a draft head computing on the model's own backend, which then
- * shares them instead of placing copies. NULL at TP > 1 (the LM head is a
- * vocabulary slice there). */
+ * shares them instead of placing copies. The LM head: NULL at TP > 1 (a
+ * vocabulary slice there); the embedding is replicated whole at any TP (a
+ * draft shard on a GPU rank shares it). */
 const bk_weight *model_embed_placed(const model *m);
 const bk_weight *model_lm_head_placed(const model *m);
 

@@ -173,6 +173,9 @@ typedef struct engine_config {
     void *forward_ctx;
     bool forward_logits_dev;        /* forward honours model_batch.logits_dev (tp_runner_forward does): the
                                        engine may then sample on the model's device backend */
+    bool forward_aux_dev;           /* forward honours model_batch.aux_on_device (tp_runner_forward does: every
+                                       rank captures into its own fixed aux buffer): a draft on the device
+                                       then reads the target's aux rows there (engine_runner.aux_dev) */
 } engine_config;
 
 typedef struct engine engine;

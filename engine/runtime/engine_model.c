@@ -62,7 +62,7 @@ int engine_create(const engine_config *cfg_in, model *m, const tokenizer *tok, e
         .sample_be = (!cfg_in->forward || cfg_in->forward_logits_dev) && model_logits_on_device(m) ? model_backend(m)
                                                                                                   : NULL,
         /* the draft's aux capture left on the device (model_aux_reserve by a draft on the same backend) */
-        .aux_dev = !(cfg_in && cfg_in->forward) ? model_aux_device(m) : NULL,
+        .aux_dev = !(cfg_in && cfg_in->forward) || cfg_in->forward_aux_dev ? model_aux_device(m) : NULL,
     };
     if (tok_vocab_size(tok) > r.vocab)
         return specd_err_set(err, "engine: tokenizer vocabulary %d exceeds the model's %d", tok_vocab_size(tok),

@@ -14,7 +14,7 @@
 #include "engine/comm/comm_nccl.h"
 #include "engine/util/log.h"
 
-enum { TP_WANT_LOGITS = 1, TP_TREE = 2 };
+enum { TP_WANT_LOGITS = 1, TP_TREE = 2, TP_AUX_DEV = 4 };
 #define TP_HDR 5 /* int32 header words */
 
 /* ------------------------------------------------------------ model_comm over shm */
@@ -55,6 +55,8 @@ struct tp_dev_comm {
     comm_nccl *nccl;
     float *host;          /* shm staging: grow-only host copy of the tensor being reduced / gathered */
     size_t host_cap;      /* bytes */
+    size_t staged_d2h;    /* shm staging: bytes downloaded so far, and in how many downloads */
+    size_t staged_n;
 };
 
 int tp_comm_kind_parse(const char *s, tp_comm_kind *out, specd_err *err) {
@@ -99,6 +101,7 @@ static int staged_all_reduce(void *ctx, bk_tensor *x, specd_err *err) {
     if (!h) return -1;
     if (d->be->ops->download(d->be->ctx, h, x->data, bytes) < 0)
         return specd_err_set(err, "tensor parallel: downloading %zu bytes for the all-reduce", bytes);
+    d->staged_d2h += bytes, d->staged_n++;
     if (comm_all_reduce_sum_f32(d->c, h, n, err) < 0) return -1;
     if (d->be->ops->upload(d->be->ctx, x->data, h, bytes) < 0)
         return specd_err_set(err, "tensor parallel: uploading the all-reduce's %zu bytes", bytes);
@@ -113,6 +116,7 @@ static int staged_all_gather(void *ctx, const bk_tensor *in, bk_tensor *out, spe
     char *mine = (char *)h, *gathered = (char *)h + b;
     if (d->be->ops->download(d->be->ctx, mine, in->data, b) < 0)
         return specd_err_set(err, "tensor parallel: downloading %zu bytes for the all-gather", b);
+    d->staged_d2h += b, d->staged_n++;
     if (comm_all_gather(d->c, mine, b, gathered, err) < 0) return -1;
     if (d->be->ops->upload(d->be->ctx, out->data, gathered, all) < 0)
         return specd_err_set(err, "tensor parallel: uploading the all-gather's %zu bytes", all);
@@ -206,6 +210,10 @@ int tp_dev_comm_sync(tp_dev_comm *d, specd_err *err) {
 }
 
 tp_comm_kind tp_dev_comm_kind(const tp_dev_comm *d) { return d ? d->kind : TP_COMM_SHM; }
+size_t tp_dev_comm_staged_bytes(const tp_dev_comm *d, size_t *downloads) {
+    if (downloads) *downloads = d ? d->staged_n : 0;
+    return d ? d->staged_d2h : 0;
+}
 
 void tp_dev_comm_abort(tp_dev_comm *d, const char *why) {
     if (!d) return;
@@ -286,7 +294,7 @@ const int32_t *tp_rows_read(const int32_t *p, const int32_t *end, int32_t n, int
 
 int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) {
     const int32_t T = b->n_tokens, S = b->n_seqs, bs = model_kv_block_size(m);
-    const int32_t naux = b->aux ? b->n_aux : 0;
+    const int32_t naux = b->aux || b->aux_on_device ? b->n_aux : 0;
     const size_t words = TP_HDR + tp_rows_words(T, b->pos, b->seq_of, S, bs) + (size_t)b->n_out + (size_t)naux;
     const size_t bytes = words * 4 + (b->tree_mask ? (size_t)T * T : 0);
     if (bytes > comm_step_max_bytes(c)) {
@@ -309,7 +317,7 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     model_get_shard(m, &si);
     const bool gather = (b->logits || b->logits_dev) && b->n_out > 0 && si.size > 1 &&
                         si.vocab_rows < model_get_config(m)->vocab;
-    *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0);
+    *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0) | (naux && b->aux_on_device ? TP_AUX_DEV : 0);
     p = tp_rows_write(p, T, b->tokens, b->pos, b->seq_of, S, b->block_tables, bs);
     if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
     if (naux) memcpy(p, b->aux_layers, 4 * (size_t)naux), p += naux;
@@ -342,7 +350,8 @@ static int step_parse(const int32_t *msg, size_t n, int32_t n_blocks, int32_t bs
     if (end - p < (ptrdiff_t)no + na) return specd_err_set(err, "tensor parallel: malformed step message");
     b->n_out = no;
     b->out_idx = p, p += no;
-    p += na; /* aux layers: rank 0 alone captures them */
+    if (fl & TP_AUX_DEV) b->n_aux = na, b->aux_layers = p; /* the worker decides whether it captures them */
+    p += na; /* host aux: rank 0 alone captures them */
     if (fl & TP_TREE) {
         if ((size_t)((const char *)msg + n - (const char *)p) < (size_t)T * T)
             return specd_err_set(err, "tensor parallel: truncated tree mask");
@@ -384,6 +393,10 @@ int tp_worker_run_dev(comm *c, model *m, tp_dev_comm *dev, tp_other_fn on_other,
         model_batch b;
         const int fl = step_parse(msg, n, model_kv_n_blocks(m), model_kv_block_size(m), &b, &tables, err);
         if (fl < 0) { comm_abort(c, err->msg); goto done; }
+        /* a device draft shard (eagle3_tp_load) reads the aux rows from this rank's own fixed buffer: captured
+         * here too (the residual stream is replicated: the same rows as rank 0's); anything else is rank 0's */
+        b.aux_on_device = (fl & TP_AUX_DEV) && model_aux_device(m); /* model_forward checks its layers */
+        if (!b.aux_on_device) b.n_aux = 0, b.aux_layers = NULL;
         bk_tensor dev_sink;
         if ((fl & TP_WANT_LOGITS) && !model_backend(m)->host_visible) {
             b.logits_dev = &dev_sink; /* the all-gather needs every rank; a device rank keeps its copy there */

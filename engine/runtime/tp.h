@@ -10,12 +10,16 @@
  * rank calls them in the same order), until rank 0 posts shutdown. Only
  * rank 0 keeps outputs: workers compute the logits only because the
  * vocabulary-parallel LM head's all-gather needs every rank; they skip the
- * final hidden states and the EAGLE-3 aux capture (local copies).
+ * final hidden states and the EAGLE-3 aux capture (local copies), except
+ * into a rank's own fixed device aux buffer when rank 0's step leaves the
+ * aux on the device (model_batch.aux_on_device: a draft shard on every GPU
+ * rank reads it there, draft/eagle3_tp.h eagle3_tp_load).
  *
  * Step message (native byte order, one host): a header of int32 counts
  * (n_tokens, n_seqs, n_out, n_aux, flags), then tokens, pos, seq_of [T],
  * per sequence its number of block-table entries and the entries, out_idx
- * [n_out], aux_layers [n_aux], and the tree mask [T * T] bytes when present.
+ * [n_out], aux_layers [n_aux] (flag TP_AUX_DEV: captured on the device), and
+ * the tree mask [T * T] bytes when present.
  * Multi-node serving will carry the same message over TCP.
  *
  * Failure: any error on any rank aborts the comm group with the reason, so
@@ -94,6 +98,11 @@ int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out,
  * healthy. No-op for shm. */
 int tp_dev_comm_sync(tp_dev_comm *d, specd_err *err);
 tp_comm_kind tp_dev_comm_kind(const tp_dev_comm *d);
+/* The payload bytes the shm staging downloaded so far (device -> host; 0 for cuda_ipc / nccl and NULL) and,
+ * in *downloads (may be NULL), in how many download calls: what a step's device -> host count holds beyond
+ * the engine's own at --tp-comm shm (each such download may also read the backend's 8 bytes of error flags,
+ * which the engine's next download then reads again once a later op re-armed them). */
+size_t tp_dev_comm_staged_bytes(const tp_dev_comm *d, size_t *downloads);
 /* Marks the device group failed (its waiting kernels return). NULL ok. */
 void tp_dev_comm_abort(tp_dev_comm *d, const char *why);
 /* NULL ok. Before the host comm c is destroyed (cuda_ipc's watchdog thread

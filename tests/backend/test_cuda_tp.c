@@ -24,8 +24,9 @@
  *     any worker (a worker with a violation exits 1, which ranks_shutdown
  *     reports);
  *   - SmolLM2 at TP 3 on the fake device with the committed EAGLE-3 head
- *     whole on a CPU backend of rank 0 (the bundle's wiring at --device cuda
- *     --tensor-parallel-size N with a draft: aux features downloaded from
+ *     whole on a CPU backend of rank 0 (the bundle's fallback at --device
+ *     cuda --tensor-parallel-size N for a head the GPU cannot run; the split
+ *     head is test_cuda_tp_draft.c's: aux features downloaded from
  *     rank 0's device forward, the target's host views): greedy speculative
  *     decoding (k = 1, 3) of 24 tokens of a chat prompt == plain greedy at the
  *     same TP, and every draft == the drafts next to CPU TP 3;

@@ -93,7 +93,7 @@ static double q8_prefill(const char *dir, const char *name, int *top1_equal) {
     const model_config *mc = model_get_config(g_model);
     eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
                        mc->n_layers, NULL, NULL};
-    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, true, NULL, 0};
+    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, true, NULL, 0, 0, NULL, NULL};
     eagle3_head *h = NULL;
     specd_err err = {{0}};
     if (eagle3_head_load(dir, &t, &ho, &h, &err) < 0) { fprintf(stderr, "%s\n", err.msg); fail(); }
@@ -130,7 +130,7 @@ static void run_head(const char *name, bool expect_nbr, bool expect_bias, float 
     const model_config *mc = model_get_config(g_model);
     eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
                        mc->n_layers, NULL, NULL};
-    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, false, NULL, 0};
+    eagle3_head_opts ho = {EAGLE3_AUX_AUTO, 16, 8, false, NULL, 0, 0, NULL, NULL};
     eagle3_head *h = NULL;
     specd_err err = {{0}};
     if (eagle3_head_load(dir, &t, &ho, &h, &err) < 0) { fprintf(stderr, "%s\n", err.msg); fail(); }

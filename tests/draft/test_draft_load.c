@@ -104,7 +104,7 @@ static int try_load(const char *dir, specd_err *err, eagle3_head **out) {
     const model_config *mc = model_get_config(g_model);
     eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
                        mc->n_layers, NULL, NULL};
-    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, NULL, 0};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, NULL, 0, 0, NULL, NULL};
     return eagle3_head_load(dir, &t, &o, out, err);
 }
 
@@ -182,7 +182,7 @@ static int load_hot(const char *dir, const char *hot, specd_err *err, eagle3_hea
     const model_config *mc = model_get_config(g_model);
     eagle3_target t = {g_be, model_embed_weight(g_model), model_lm_head_weight(g_model), mc->hidden, mc->vocab,
                        mc->n_layers, NULL, NULL};
-    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, hot, 0};
+    eagle3_head_opts o = {EAGLE3_AUX_AUTO, 16, 4, false, hot, 0, 0, NULL, NULL};
     return eagle3_head_load(dir, &t, &o, out, err);
 }
 

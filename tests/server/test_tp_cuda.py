@@ -27,7 +27,11 @@ TP 2 servers on the same GPU with --tp-comm cuda_ipc (auto) and shm:
     the openai client when it is importable (the GPU machine may only have the system python: then the same
     requests as raw HTTP, said in the output);
   - the start-up log has each rank's "cuda plan" line, /metrics has both ranks' weights and KV bytes (> 0,
-    the shard smaller than TP 1's weights).
+    the shard smaller than TP 1's weights);
+  - the EAGLE-3 head split across the two GPU ranks (a random head of the mini's shapes, written here with
+    tools/eagle3/make_random_head.py: 2 of its 4 heads, 1 of 2 KV heads, half the MLP and of its 256 draft ids
+    per rank, the draft logits all-gathered on the devices), k = 3 on cuda_ipc: speculative greedy == plain
+    greedy at TP 2, 4 prompts alone and 8 concurrent; drafts made; the log says the head was split.
 Run: python tests/server/test_tp_cuda.py [--gpu]
 """
 import json
@@ -197,6 +201,50 @@ def openai_checks(server, greedy_text):
     print(f"chat / stream / n=2 via {how}: stream == chat ({len(chat)} chars), both n=2 choices == greedy")
 
 
+def draft_checks(common, dev, comm):
+    """The EAGLE-3 head split across the GPU ranks (draft/eagle3_tp.h eagle3_tp_load) at TP 2 on the mini: a
+    random head of the mini's shapes (tools/eagle3/make_random_head.py, numpy only: 4 heads, 2 KV heads, MLP 176,
+    256 draft ids, so every rank holds half of it and the draft logits are all-gathered on the devices), k = 3
+    (fixed: adaptive speculation would stop drafting a head that accepts nothing):
+    speculative greedy == plain greedy at the same TP, alone and 8 concurrent; drafts were made (the random head
+    accepts next to nothing: this checks losslessness and the split's wiring, not acceptance)."""
+    import concurrent.futures
+    import tempfile
+    head = tempfile.mkdtemp(prefix="specd_tp_head_")
+    subprocess.run([sys.executable, os.path.join(sp.SRC, "tools", "eagle3", "make_random_head.py"), "--layout",
+                    "speculators", "--out", head, "--seed", "11", "--hidden", "64", "--heads", "4", "--kv-heads", "2",
+                    "--head-dim", "16", "--inter", "176", "--target-vocab", "512", "--draft-vocab", "256",
+                    "--target-layers", "3", "--aux-ids", "0,1,2", "--verifier", MINI], check=True,
+                   stdout=subprocess.DEVNULL)
+    tp = [*common, "--tensor-parallel-size", "2", "--tp-comm", comm]
+    outs = {}
+    spec = ["--draft", head, "--num-speculative-tokens", "3", "--no-speculative-adaptive"]
+    for name, extra in (("plain", []), ("spec", spec)):
+        s = sp.Server([*tp, *extra], model=MINI)
+        try:
+            alone = [complete(s, p) for p in PROMPTS]
+            with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                together = list(ex.map(lambda p: complete(s, p), PROMPTS * 2))
+            outs[name] = ([(a[0], a[3]) for a in alone], [(a[0], a[3]) for a in together])
+            if name == "spec":
+                m = s.metrics()
+                drafts = m.get("specd_spec_decode_num_drafts_total") or 0
+                assert drafts > 0, f"no drafts made ({drafts})"
+                log = s.read_log(200000)
+                if dev == "cuda":
+                    assert "draft head split across the 2 GPU ranks" in log, "the head was not split across the ranks"
+                print(f"TP 2 {comm} with the split head, k = 3: {drafts:.0f} drafts, "
+                      f"{m.get('specd_spec_decode_num_accepted_tokens_total') or 0:.0f} draft tokens accepted")
+        finally:
+            rc = s.stop()
+        assert rc == 0, f"TP 2 {comm} {name}: exit {rc}"
+    assert outs["spec"][0] == outs["plain"][0], "speculative greedy differs from plain greedy (alone)"
+    assert outs["spec"][1] == outs["plain"][1], "speculative greedy differs from plain greedy (8 concurrent)"
+    assert outs["plain"][1][:len(PROMPTS)] == outs["plain"][0], "plain greedy: 8 concurrent differ from alone"
+    print(f"TP 2 {comm}, EAGLE-3 head split across the ranks: speculative greedy == plain greedy, {len(PROMPTS)} "
+          f"prompts alone and 8 concurrent")
+
+
 def main_gpu():
     if not os.access(sp.SPECD, os.X_OK):
         skip(f"need {sp.SPECD}")
@@ -257,6 +305,7 @@ def main_gpu():
             finally:
                 rc = s.stop()
             assert rc == 0, f"TP 2 nccl: exit {rc}"
+    draft_checks(common, dev, comms[0])
     print(f"TP 2 on {dev} (one device): {len(PROMPTS)} prompts x {MAX_TOK} greedy tokens vs TP 1 ok; {comms[0]} == "
           f"{comms[1]} bit for bit (tokens, logprobs); rerun identical")
 

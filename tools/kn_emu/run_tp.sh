@@ -10,11 +10,14 @@
 # equal CPU TP's bit for bit (cuda_ipc sums in rank order in f32, like shm).
 # Then tests/backend/test_cuda_tp_sample.c the same way: sampling on the
 # device at TP 2, with the device -> host bytes of every step checked (no
-# host staging under cuda_ipc).
+# host staging under cuda_ipc). Then tests/backend/test_cuda_tp_draft.c: the
+# EAGLE-3 head split across the device ranks (SmolLM2 at TP 3 with a
+# vocabulary-split draft LM head), rank 0's bytes per step exactly the table.
 # The fake's CUDA names are renamed fake_*, so it links next to the
 # emulation's cudart. BUILD_DIR: a configured specd build with the engine's
 # and draft's static libraries built. Runs the HF minis (MODEL_HF_MINI_DIR,
-# default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation).
+# default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation); SmolLM2 only for the
+# draft test (test_cuda_tp_draft.c, its quick mode: one case).
 # run_tp.sh BUILD_DIR kimi: tests/backend/test_cuda_kimi_tp.c instead (the
 # 8-head Kimi miniature at TP 2, KIMI_TP_QUICK=1; KIMI_C_MINI_DIR, default
 # BUILD_DIR/kimi_c_mini): DeepSeek-V3's collectives through cuda_ipc, every
@@ -32,7 +35,7 @@ inc="-I$here/include -I$root"
 . "$here/comm_objs.sh" # kn_allreduce.o, kn_emu_runtime.o, $objs
 # the test and the fake device: the project's own include path (the fake's header comes first by name)
 tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
-tests="test_cuda_tp test_cuda_tp_sample"
+tests="test_cuda_tp test_cuda_tp_sample test_cuda_tp_draft"
 [ "${2:-}" = kimi ] && tests=test_cuda_kimi_tp
 for t in $tests; do # (test_cuda_kimi_tp.c is also built for a real GPU: the fake's header comes by -include)
     $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -include "$root/tests/backend/cuda_fake/cuda_runtime_api.h" \
@@ -60,4 +63,12 @@ export MODEL_HF_MINI_DIR=${MODEL_HF_MINI_DIR:-"$build/model_hf_mini"} SPECD_MODE
 echo "== backend_cuda_tp with --tp-comm cuda_ipc (kn_emu)"
 "$out/test_cuda_tp"
 echo "== backend_cuda_tp_sample with --tp-comm cuda_ipc (kn_emu): device sampling at TP 2, bytes per step checked"
-exec "$out/test_cuda_tp_sample"
+"$out/test_cuda_tp_sample"
+# the EAGLE-3 head split across the device ranks (SmolLM2 at TP 3, its LM head split by vocabulary: the
+# all-gather through cuda_ipc), rank 0's bytes per step exactly the table; needs the SmolLM2 GGUF
+gguf="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -r "$gguf" ]; then
+    echo "== backend_cuda_tp_draft with --tp-comm cuda_ipc (kn_emu): the split head at TP 3, bytes per step exact"
+    SPECD_MODEL_GGUF="$gguf" SPECD_SOURCE_DIR="$root" SPECD_TP_DRAFT_QUICK=1 exec "$out/test_cuda_tp_draft"
+fi
+echo "== backend_cuda_tp_draft: skipped ($gguf not readable)"
