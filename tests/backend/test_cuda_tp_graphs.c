@@ -34,7 +34,12 @@
  *     capture) turns graphs off on both ranks with rank 1's reason, and the
  *     steps then run eagerly with the same bits (no hang);
  *   - with shm (the plain ctest run, host-staged collectives) the capture is
- *     refused on every rank naming shm, the group agrees on off, eager bits.
+ *     refused on every rank naming shm, the group agrees on off, eager bits;
+ *   - (both runs) the pick / force mechanism on one model: a forced -1 runs a
+ *     fitting step eagerly with the replay's bits; a step without logits (a
+ *     worker whose LM head is not split) fits nothing by itself but replays
+ *     rank 0's forced pick; a forced graph that does not fit, or that was not
+ *     captured, fails with the reason.
  * Not checked here: nccl graphs (their GPU check), real kernels (label gpu:
  * gpu_check's server_tp graphs step).
  */
@@ -270,6 +275,64 @@ static void check_model(const char *name, const char *path) {
     free(ref), free(eag), free(gra), free(bad);
 }
 
+/* The pick / force mechanism on one fake-device model (TP 1: what a worker does with rank 0's pick). A step that
+ * fits graph i: forcing -1 runs it eagerly (same bits); a step WITHOUT logits (a worker of a head that is not split
+ * by vocabulary) fits no graph by itself, forcing rank 0's pick replays it; a forced graph the step does not fit or
+ * one not captured fails with the reason. */
+static void check_force(const char *path) {
+    specd_err err = {{0}};
+    backend *be = fake_dev(&err);
+    model *m = NULL;
+    model_load_opts o = {.block_size = BS, .n_blocks = NB};
+    if (!be || model_load(path, be, &o, &m, &err) < 0 || capture(m, &err) < 0) {
+        EXPECT(0, "force: setup: %s", err.msg);
+        model_destroy(m);
+        if (be) bk_cuda_destroy(be);
+        return;
+    }
+    const int V = model_get_config(m)->vocab;
+    float *l0 = calloc((size_t)(L0 + L1) * V, sizeof(float)), *l1 = calloc((size_t)NSEQ * V, sizeof(float)),
+          *l2 = calloc((size_t)NSEQ * V, sizeof(float));
+    int32_t tok[L0 + L1], pos[L0 + L1], seq[L0 + L1], out[NSEQ] = {L0 - 1, L0 + L1 - 1};
+    for (int i = 0; i < L0 + L1; i++) tok[i] = i % 300 + 1, pos[i] = i < L0 ? i : i - L0, seq[i] = i >= L0;
+    model_batch pre = {.n_tokens = L0 + L1, .tokens = tok, .pos = pos, .seq_of = seq, .n_seqs = NSEQ,
+                       .block_tables = tables, .n_out = NSEQ, .out_idx = out, .logits = l0};
+    EXPECT(model_forward(m, &pre, &err) == 0, "force: prefill: %s", err.msg);
+    int32_t t[NSEQ] = {5, 7}, p[NSEQ] = {L0, L1}, s[NSEQ] = {0, 1}, oi[NSEQ] = {0, 1};
+    model_batch d = {.n_tokens = NSEQ, .tokens = t, .pos = p, .seq_of = s, .n_seqs = NSEQ, .block_tables = tables,
+                     .n_out = NSEQ, .out_idx = oi, .logits = l1};
+    const int32_t pick = model_graph_pick(m, &d);
+    model_graph_stats a, b2;
+    model_graph_get_stats(m, &a);
+    EXPECT(pick >= 0, "force: a 2-sequence decode step fits a graph (pick %d)", pick);
+    model_graph_force(m, -1); /* rank 0 said eager */
+    EXPECT(model_forward(m, &d, &err) == 0, "force: eager step: %s", err.msg);
+    model_graph_get_stats(m, &b2);
+    EXPECT(b2.eager == a.eager + 1 && b2.replays == a.replays, "force -1: eager %ld -> %ld, replays %ld -> %ld",
+           a.eager, b2.eager, a.replays, b2.replays);
+    d.logits = l2; /* the same step again (its KV rewritten with the same values): replayed, the same bits */
+    EXPECT(model_forward(m, &d, &err) == 0, "force: replayed step: %s", err.msg);
+    model_graph_get_stats(m, &a);
+    EXPECT(a.replays == b2.replays + 1, "unforced fitting step: %ld replays (want %ld)", a.replays, b2.replays + 1);
+    EXPECT(!memcmp(l1, l2, sizeof(float) * (size_t)NSEQ * V), "force -1 (eager) and the replay differ");
+    d.logits = NULL; /* a worker without logits */
+    EXPECT(model_graph_pick(m, &d) < 0, "a step without logits fits no graph by itself");
+    model_graph_force(m, pick);
+    EXPECT(model_forward(m, &d, &err) == 0, "force: a step without logits, rank 0's pick: %s", err.msg);
+    model_graph_get_stats(m, &b2);
+    EXPECT(b2.replays == a.replays + 1, "forced pick %d without logits: replays %ld -> %ld", pick, a.replays, b2.replays);
+    d.logits = l2;
+    model_graph_force(m, 0); /* bucket 1: a 2-sequence step does not fit */
+    EXPECT(model_forward(m, &d, &err) < 0 && strstr(err.msg, "does not fit"), "forced bucket 1: %s", err.msg);
+    model_graph_force(m, 1000);
+    EXPECT(model_forward(m, &d, &err) < 0 && strstr(err.msg, "captured"), "forced graph 1000: %s", err.msg);
+    printf("pick / force on the fake device: pick %d; force -1 -> eager (== the replay bitwise); a step without logits "
+           "replays rank 0's pick; a pick that does not fit / was not captured fails with the reason\n", pick);
+    free(l0), free(l1), free(l2);
+    model_destroy(m);
+    bk_cuda_destroy(be);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--tp-worker")) return worker_main(argc, argv);
     g_self = argv[0];
@@ -280,6 +343,7 @@ int main(int argc, char **argv) {
     }
     char p[4096];
     snprintf(p, sizeof p, "%s/f32", mini);
+    check_force(p);
     check_model("f32", p);
     snprintf(p, sizeof p, "%s/mistral", mini);
     check_model("mistral", p);
