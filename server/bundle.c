@@ -267,8 +267,8 @@ static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_
  * CUDA context); each plans its shard: weights / N plus the replicated
  * embedding (and DeepSeek-V3's replicated low-rank projections and routers),
  * its KV heads (MLA: the one latent, whole), its heads, its expert width.
- * The KV pools are then made equal (the smallest) by specd_tp_agree. No CUDA graphs at TP > 1 yet (the collectives
- * between the ops are not captured). A draft head is split like the target
+ * The KV pools are then made equal (the smallest) by specd_tp_agree. CUDA graphs at TP > 1 with cuda_ipc or nccl
+ * (bundle_tp_graphs), not with shm (host-staged collectives). A draft head is split like the target
  * (draft/eagle3_tp.h eagle3_tp_load): each rank plans its shard (its heads,
  * KV heads and MLP slice, its LM-head rows, its KV per token); when the
  * head's shapes do not divide, rank 0 plans the whole head and the workers
@@ -335,10 +335,12 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
                   kvd = d.n_kv_heads * d.head_dim;
     int nb = graph_buckets(cfg, b->graph_buckets, 32, err);
     if (nb < 0) return -1;
-    if (world > 1 && nb > 0) {
+    tp_comm_kind tk = TP_COMM_AUTO;
+    if (world > 1 && nb > 0 && tp_comm_kind_parse(cfg->tp_comm, &tk, err) < 0) return -1;
+    if (world > 1 && nb > 0 && tp_comm_kind_resolve(tk, false, world) == TP_COMM_SHM) {
         if (rank == 0)
-            LOG_INFO("cuda graphs: off at --tensor-parallel-size %d (the collectives between the ops are not "
-                     "captured yet): every step eager", world);
+            LOG_INFO("cuda graphs: off at --tensor-parallel-size %d with --tp-comm shm (its collectives are staged "
+                     "through the host, which a graph cannot capture; cuda_ipc or nccl can): every step eager", world);
         nb = 0;
     }
     b->n_graph_buckets = nb;
@@ -425,7 +427,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
              on_dev > 1 ? " (this rank's share)" : "", (double)wb / (1 << 30), world > 1 ? ": this rank's shard" : "",
              (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
              (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)graphs / (1 << 30), n_graphs,
-             nb ? "buckets x decode / verify" : world > 1 ? "TP: eager" : "--enforce-eager", (double)dd.fixed / (1 << 30),
+             nb ? "buckets x decode / verify" : world > 1 && !cfg->enforce_eager ? "TP shm: eager" : "--enforce-eager", (double)dd.fixed / (1 << 30),
              (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)*kv_bytes / (1 << 30),
              (long long)kv_tokens);
     b->be = bk_cuda_create(&o, err);
@@ -617,23 +619,49 @@ int specd_bundle_tp_failed(specd_bundle *b, char *why, size_t cap) {
     return comm_aborted(ranks_comm(b->rk), why, cap);
 }
 
+/* The target's graph options, the same on every TP rank (the same graphs in the same order: their collectives
+ * pair up); q: [2] storage. aux (rank 0's draft features) only adds local copies to the graphs. */
+static model_graph_opts bundle_graph_opts(const specd_config *cfg, const specd_spec *spec, const int32_t *buckets,
+                                          int nb, int32_t max_len, int32_t n_aux, const int32_t *aux, int32_t *q) {
+    q[0] = 1, q[1] = spec->enabled ? spec->k + 1 : 1;
+    return (model_graph_opts){.buckets = buckets, .n_buckets = nb, .q = q, .n_q = spec->enabled && spec->k > 0 ? 2 : 1,
+                              .n_aux = n_aux, .aux_layers = aux, .max_step_tokens = cfg->max_num_batched_tokens,
+                              .max_seqs = cfg->max_num_seqs + 1, .max_tokens = cfg->max_num_batched_tokens,
+                              .max_len = max_len}; /* length classes: short steps replay short grids (F8) */
+}
+
+/* TP > 1, every rank at the same point of its start-up (after the model and the draft): capture, then agree
+ * (tp_graphs_agree). A capture failure on any rank leaves every rank eager with the reason logged: returns 0
+ * (off), 1 (on), -1 only when the group failed. */
+static int bundle_tp_graphs(comm *c, model *m, const model_graph_opts *go, int rank, specd_err *err) {
+    specd_err ce = {{0}};
+    const int ok = model_graphs_capture(m, go, &ce) == 0;
+    char why[320];
+    const int on = tp_graphs_agree(c, m, ok, ce.msg, why, sizeof why, err);
+    if (on < 0) return specd_err_wrap(err, "agreeing on the CUDA graphs of the ranks");
+    if (!on && rank == 0) LOG_WARN("cuda graphs: off on every rank (%s): every step eager", why);
+    return on;
+}
+
 /* Captures the target's CUDA graphs (model_graphs_capture) once the model and its draft are loaded and
- * before the engine reads the KV pool (the padding block leaves it). A failure is a refusal to start. */
+ * before the engine reads the KV pool (the padding block leaves it). A failure is a refusal to start at TP 1;
+ * at TP > 1 it turns graphs off on every rank (bundle_tp_graphs). */
 static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *err) {
     int32_t aux[8];
     int32_t n_aux = 0;
     if (b->proposer && b->proposer->ops->aux_layers) n_aux = b->proposer->ops->aux_layers(b->proposer->ctx, aux);
     if (n_aux < 0 || n_aux > 8) return specd_err_set(err, "draft: %d aux layers", n_aux);
-    const int32_t q[2] = {1, b->spec.enabled ? b->spec.k + 1 : 1};
-    model_graph_opts go = {.buckets = b->graph_buckets, .n_buckets = b->n_graph_buckets, .q = q,
-                           .n_q = b->spec.enabled && b->spec.k > 0 ? 2 : 1, .n_aux = n_aux, .aux_layers = aux,
-                           .max_step_tokens = cfg->max_num_batched_tokens, .max_seqs = cfg->max_num_seqs + 1,
-                           .max_tokens = cfg->max_num_batched_tokens,
-                           .max_len = b->max_model_len}; /* length classes: short steps replay short grids (F8) */
+    int32_t q[2];
+    model_graph_opts go = bundle_graph_opts(cfg, &b->spec, b->graph_buckets, b->n_graph_buckets, b->max_model_len,
+                                            n_aux, aux, q);
     size_t f0 = 0, f1 = 0, tot = 0;
     if (bk_cuda_mem_info(0, &f0, &tot, err) < 0) return -1;
-    if (model_graphs_capture(b->m, &go, err) < 0)
+    if (b->rk) {
+        const int on = bundle_tp_graphs(ranks_comm(b->rk), b->m, &go, 0, err);
+        if (on <= 0) return on;
+    } else if (model_graphs_capture(b->m, &go, err) < 0) {
         return specd_err_wrap(err, "capturing CUDA graphs (--enforce-eager runs without them)");
+    }
     if (bk_cuda_mem_info(0, &f1, &tot, err) < 0) return -1;
     model_graph_stats st;
     model_graph_get_stats(b->m, &st);
@@ -1034,6 +1062,24 @@ int specd_tp_worker_main(int argc, char **argv) {
         }
     }
     specd_spec_free(&spec);
+    if (!strcmp(wb.device, "cuda") && wb.n_graph_buckets > 0) { /* rank 0's bundle_graphs at the same point */
+        /* a device draft shard reads the aux rows from this rank's own buffer: its graphs capture them too */
+        int32_t aux[8];
+        int32_t n_aux = 0;
+        if (dprop && dprop->ops->aux_layers) n_aux = dprop->ops->aux_layers(dprop->ctx, aux);
+        if (n_aux < 0 || n_aux > 8) {
+            LOG_ERROR("specd worker rank %d: draft: %d aux layers", w.rank, n_aux);
+            goto out;
+        }
+        int32_t q[2];
+        const int32_t max_len = cfg.max_model_len > 0 ? cfg.max_model_len : model_get_config(m)->max_pos;
+        const model_graph_opts go = bundle_graph_opts(&cfg, &wb.spec, wb.graph_buckets, wb.n_graph_buckets, max_len,
+                                                      n_aux, n_aux ? aux : NULL, q);
+        if (bundle_tp_graphs(c, m, &go, w.rank, &err) < 0) {
+            LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+            goto out;
+        }
+    }
     if (dprop) wp = (worker_prop){dprop, m};
     if (tp_worker_run_dev(c, m, dev, head ? worker_draft : dprop ? worker_mirror : NULL, head ? (void *)head : &wp,
                           &err) == 0)

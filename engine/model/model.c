@@ -317,7 +317,7 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
     /* ws_out: idx [n] | xn [n, H] | logits [n, V] (device backends) | split: local [n, V/N], gathered [N, n, V/N]
      * (+ the interleaved [n, V] when the logits stay on the device), each region on a 64-byte boundary */
     const size_t lg_floats = !b->logits && !dev_logits ? 0
-                             : split ? (size_t)n * Vl * (size_t)(N + 1) + 32 + (dev_logits ? (size_t)n * V : 0)
+                             : split ? (size_t)n * Vl * (size_t)(N + 1) + 32 + (dev_logits || m->ph ? (size_t)n * V : 0)
                              : hv    ? 0
                                      : (size_t)n * V;
     const size_t n_pad = ((size_t)n + 15) & ~(size_t)15, xn_pad = ((size_t)n * H + 15) & ~(size_t)15;
@@ -356,8 +356,26 @@ int model_finish_outputs(model *m, const model_batch *b, const bk_tensor *x, spe
             goto dev_fail;
         return 0;
     }
-    if (m->ph) return specd_err_set(err, "a graph step with a vocabulary-parallel LM head"); /* never captured */
     bk_tensor loc = bk_wrap_f32(lw, n, Vl), all = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15), (int64_t)N * n, Vl);
+    if (m->ph) { /* a graph step (TP, model_graph.c): the gather and the device interleave are captured whatever the
+                  * step does with the logits; the download phase brings the real rows of [n, V] or leaves them there */
+        bk_tensor lg = bk_wrap_f32(lw + (((size_t)n * Vl + 15) & ~(size_t)15) + (((size_t)N * n * Vl + 15) & ~(size_t)15),
+                                   n, V);
+        if (ph & MODEL_PH_RUN) {
+            if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
+            if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");
+            for (int32_t r = 0; r < N; r++) {
+                bk_tensor part = bk_wrap_f32((float *)all.data + (size_t)r * n * Vl, n, Vl);
+                if (!op->copy_cols || op->copy_cols(bx, &lg, (int64_t)r * Vl, &part) < 0) goto dev_fail;
+            }
+        }
+        if (ph & MODEL_PH_DOWN) {
+            lg.rows = n_down;
+            if (dev_logits) *b->logits_dev = lg;
+            else if (op->download(bx, b->logits, lg.data, sizeof(float) * (size_t)n_down * V) < 0) goto dev_fail;
+        }
+        return 0;
+    }
     if (op->matmul(bx, &m->lm_head, &xn, &loc)) return specd_err_set(err, "LM head matmul failed");
     if (m->tp->all_gather(m->tp->ctx, &loc, &all, err) < 0) return specd_err_wrap(err, "gathering the logits");
     if (dev_logits) { /* interleave [N, n, V/N] into [n, V] on the device (rank r's columns at r V/N); it stays there */

@@ -64,6 +64,10 @@ typedef struct model_comm {
      * rows at r * rows (rank-major). */
     int (*all_gather)(void *ctx, const bk_tensor *in, bk_tensor *out, specd_err *err);
     void *ctx;
+    /* the collectives are kernels on the backend's stream that a CUDA graph can capture and replay (cuda_ipc:
+     * its generations are device-side counters; nccl); false for the host-staged ones (shm), whose steps stay
+     * eager at TP > 1 */
+    bool graphs;
 } model_comm;
 
 typedef struct model_load_opts {
@@ -230,6 +234,9 @@ typedef struct model_graph_opts {
 int32_t model_graph_len_classes(int32_t max_len, int32_t len_floor, int32_t *out);
 int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err);
 void model_graphs_release(model *m); /* NULL ok; steps run eagerly afterwards */
+/* model_graphs_release, and the padding block goes back to the KV pool: only
+ * before any engine has read the pool (start-up: tp_graphs_agree's "off"). */
+void model_graphs_discard(model *m);
 typedef struct model_graph_stats {
     int32_t n_graphs;         /* captured */
     long replays;             /* steps run as one graph launch */
@@ -238,6 +245,14 @@ typedef struct model_graph_stats {
     long short_replays;       /* replays of a length class below the largest (model_graph_opts.max_len) */
 } model_graph_stats;
 void model_graph_get_stats(const model *m, model_graph_stats *out);
+/* Tensor parallelism (engine/runtime/tp.c): rank 0 picks the graph of a step
+ * (index into the captured list, -1: eager; the same rule model_forward
+ * applies) and posts it with the step; a worker forces that pick for its next
+ * model_forward, so every rank replays the same graph (the same collectives
+ * in the same order) or every rank runs eagerly. Forcing a graph this rank
+ * does not have, or one the step does not fit, fails the step. */
+int32_t model_graph_pick(const model *m, const model_batch *b);
+void model_graph_force(model *m, int32_t pick);
 
 /* The embedding and LM head, for a draft head that shares them (EAGLE-3). */
 /* Host memory views even when the model runs on a device backend (the GGUF /

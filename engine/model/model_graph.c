@@ -52,6 +52,20 @@
  * the driver's own bookkeeping for the graphs sits in the reserve the
  * bundle's plan keeps outside the arena (server/bundle.c).
  *
+ * Tensor parallelism (docs/engine.md "CUDA graphs at TP > 1"). With a
+ * communicator whose collectives are kernels on the stream (model_comm.graphs:
+ * cuda_ipc, nccl) every rank captures the same list (same options, same
+ * order), the all-reduces / all-gathers inside. A vocabulary-split LM head
+ * is captured with its all-gather and the device interleave (copy_cols) into
+ * [T, V], whether the step then downloads the logits or keeps them on the
+ * device. Rank 0 picks the graph of a step (model_graph_pick) and posts the
+ * pick with the step (tp.c); a worker forces it (model_graph_force), so the
+ * ranks never disagree on graph vs eager, which would pair a replayed
+ * collective with an eager one. cuda_ipc is replay-safe because its
+ * generation counters live in device memory (kn_allreduce.cu: each launch,
+ * captured or not, bumps them) and it stages through its own fixed regions:
+ * the graph's kernel arguments hold no per-call epoch.
+ *
  * Threading: engine thread only, like the model (capture at load time on the
  * loading thread, before the engine starts).
  */
@@ -75,6 +89,8 @@ struct model_graphs {
     int32_t n_aux;    /* aux layers captured (0: none) */
     int32_t aux_layers[8];
     int32_t pad_block; /* the padding sequence's KV block */
+    int32_t forced;    /* model_graph_force's pick for the next step (-1 eager), valid while has_forced */
+    bool has_forced;
     int32_t max_T, max_S;
     /* host staging of the padded step, [max_T] / [max_S] */
     int32_t *tokens, *pos, *seq_of, *out_idx;
@@ -99,6 +115,12 @@ void model_graphs_release(model *m) {
     free(gr);
     m->gr = NULL;
     m->ph = 0;
+}
+
+void model_graphs_discard(model *m) {
+    if (!m) return;
+    model_graphs_release(m);
+    if (m->kv_pad_blocks) m->n_blocks += 1, m->kv_pad_blocks = 0;
 }
 
 void model_graph_get_stats(const model *m, model_graph_stats *out) {
@@ -200,7 +222,13 @@ int32_t model_graph_len_classes(int32_t max_len, int32_t len_floor, int32_t *out
 int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
     const bk_graph_ops *go = m->be->ops->graph;
     if (!go) return specd_err_set(err, "the %s backend has no graphs", m->be->name);
-    if (m->tp_size > 1) return specd_err_set(err, "graphs are captured at TP 1 only");
+    if (m->tp_size > 1 && !(m->tp && m->tp->graphs))
+        return specd_err_set(err, "graphs at TP %d need collectives a graph can capture (--tp-comm cuda_ipc or nccl; "
+                                  "shm stages them through the host)", m->tp_size);
+    const bool split = m->vocab_split && m->tp_size > 1;
+    if (split && !m->be->ops->copy_cols)
+        return specd_err_set(err, "the %s backend cannot interleave a vocabulary-split LM head on the device",
+                             m->be->name);
     if (m->gr) return specd_err_set(err, "graphs already captured");
     if (!o || o->n_buckets <= 0 || o->n_q <= 0 || o->max_seqs <= 1 || o->max_tokens <= 0 || o->n_aux < 0 ||
         o->n_aux > 8)
@@ -254,7 +282,11 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
                           : (size_t)Tmax * (size_t)(2 * H + 2 * qd + 2 * kvd + 2 * (int64_t)m->ffn_l + 1 +
                                                     (int64_t)o->n_aux * H) + 11 * BK_TAKE_SLACK;
     const size_t n_pad = ((size_t)Tmax + 15) & ~(size_t)15, xn_pad = ((size_t)Tmax * H + 15) & ~(size_t)15;
-    const size_t wo = n_pad + xn_pad + (size_t)Tmax * V + 16;
+    /* a vocabulary-split head (model_finish_outputs): local [T, V/N], gathered [N, T, V/N], interleaved [T, V],
+     * each on a 16-float boundary */
+    const size_t wo = n_pad + xn_pad + 16 +
+                      (split ? (size_t)Tmax * m->vocab_l * (size_t)(m->tp_size + 1) + 32 + (size_t)Tmax * V
+                             : (size_t)Tmax * V);
     if (!model_workspace(m, ws) || !model_workspace_out(m, wo)) { /* before m->gr is set (model_grow) */
         free(gr->g);
         free(gr);
@@ -295,8 +327,8 @@ int model_graphs_capture(model *m, const model_graph_opts *o, specd_err *err) {
     return 0;
 }
 
-int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
-    struct model_graphs *gr = m->gr;
+/* The graph step b replays: its index in gr->g, or -1 (eager). */
+static int32_t graph_pick(const struct model_graphs *gr, const model_batch *b) {
     const int32_t T = b->n_tokens, S = b->n_seqs;
     bool fits = !b->tree_mask && !b->final_hidden && (b->logits || b->logits_dev) && b->n_out == T && T <= gr->max_T;
     for (int32_t i = 0; fits && i < T; i++) fits = b->out_idx[i] == i;
@@ -307,18 +339,49 @@ int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
     }
     int32_t len = 0; /* the step's longest sequence: positions < len */
     for (int32_t i = 0; fits && i < T; i++) len = b->pos[i] + 1 > len ? b->pos[i] + 1 : len;
-    const model_graph *g = NULL;
-    for (int32_t i = 0; fits && !g && i < gr->n; i++)
-        if (T <= gr->g[i].T && S <= gr->g[i].B && (gr->g[i].L == 0 || len <= gr->g[i].L)) g = &gr->g[i];
-    if (!g) {
+    for (int32_t i = 0; fits && i < gr->n; i++)
+        if (T <= gr->g[i].T && S <= gr->g[i].B && (gr->g[i].L == 0 || len <= gr->g[i].L)) return i;
+    return -1;
+}
+
+int32_t model_graph_pick(const model *m, const model_batch *b) { return m->gr ? graph_pick(m->gr, b) : -1; }
+
+void model_graph_force(model *m, int32_t pick) {
+    if (!m->gr) return;
+    m->gr->forced = pick;
+    m->gr->has_forced = true;
+}
+
+int model_graph_forward(model *m, const model_batch *b, specd_err *err) {
+    struct model_graphs *gr = m->gr;
+    const int32_t T = b->n_tokens, S = b->n_seqs;
+    const bool forced = gr->has_forced;
+    const int32_t gi = forced ? gr->forced : graph_pick(gr, b);
+    gr->has_forced = false;
+    if (gi < 0) {
         gr->st.eager++;
         return 1;
+    }
+    if (gi >= gr->n) return specd_err_set(err, "graph %d forced (rank 0's pick), this rank captured %d", gi, gr->n);
+    const model_graph *g = &gr->g[gi];
+    int32_t len = 0;
+    for (int32_t i = 0; i < T; i++) len = b->pos[i] + 1 > len ? b->pos[i] + 1 : len;
+    if (T > g->T || S > g->B || (g->L && len > g->L) || b->tree_mask || b->n_out != T)
+        return specd_err_set(err, "graph %d (%d sequences x %d tokens, positions < %d) forced for a step of %d tokens "
+                                  "of %d sequences up to position %d it does not fit", gi, g->B, g->q, g->L, T, S, len);
+    model_batch sunk;
+    bk_tensor sink;
+    if (forced && !b->logits && !b->logits_dev) { /* a TP worker without logits: the output indices still go up */
+        sunk = *b;
+        sunk.logits_dev = &sink;
+        b = &sunk;
     }
     const bk_graph_ops *go = m->be->ops->graph;
     void *bx = m->be->ctx;
     /* aux: the graph computes it when captured with it; downloaded only when this step asks */
     /* without aux the workspace tensors keep their offsets (aux is the last region) and the graph's aux copy
      * writes where nobody reads */
+    const int32_t naux = b->aux || b->aux_on_device ? b->n_aux : 0;
     model_batch p = graph_batch(gr, g, b, b->logits, naux ? b->aux : NULL);
     go->fixed_shape(bx, true);
     if (go->fixed_len) go->fixed_len(bx, g->L);

@@ -15,6 +15,7 @@
 #include "engine/util/log.h"
 
 enum { TP_WANT_LOGITS = 1, TP_TREE = 2, TP_AUX_DEV = 4 };
+#define TP_GRAPH_SHIFT 8 /* flags word bits 8..30: rank 0's graph pick + 1 (0: eager) */
 #define TP_HDR 5 /* int32 header words */
 
 /* ------------------------------------------------------------ model_comm over shm */
@@ -180,6 +181,7 @@ int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out,
         }
         mc->all_reduce = ipc_all_reduce;
         mc->all_gather = ipc_all_gather;
+        mc->graphs = true; /* kernels on the stream; generations counted on the device (kn_allreduce.cu) */
     } else {
         /* tests on one GPU only (GPU-NOTES section 1): NCCL < 2.30 refuses two ranks of one GPU; a distinct
          * NCCL_HOSTID per rank process makes it see two hosts and talk sockets over loopback (function, not speed) */
@@ -197,6 +199,7 @@ int tp_dev_comm_open(comm *c, backend *be, tp_comm_kind kind, tp_dev_comm **out,
         }
         mc->all_reduce = nccl_all_reduce;
         mc->all_gather = nccl_all_gather;
+        mc->graphs = true; /* NCCL collectives are capturable on the stream */
     }
     *out = d;
     return 0;
@@ -317,7 +320,9 @@ int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err) 
     model_get_shard(m, &si);
     const bool gather = (b->logits || b->logits_dev) && b->n_out > 0 && si.size > 1 &&
                         si.vocab_rows < model_get_config(m)->vocab;
-    *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0) | (naux && b->aux_on_device ? TP_AUX_DEV : 0);
+    const int32_t pick = model_graph_pick(m, b); /* model_forward on rank 0 applies the same rule to the same b */
+    *p++ = (gather ? TP_WANT_LOGITS : 0) | (b->tree_mask ? TP_TREE : 0) | (naux && b->aux_on_device ? TP_AUX_DEV : 0) |
+           ((pick + 1) << TP_GRAPH_SHIFT);
     p = tp_rows_write(p, T, b->tokens, b->pos, b->seq_of, S, b->block_tables, bs);
     if (b->n_out) memcpy(p, b->out_idx, 4 * (size_t)b->n_out), p += b->n_out;
     if (naux) memcpy(p, b->aux_layers, 4 * (size_t)naux), p += naux;
@@ -397,6 +402,15 @@ int tp_worker_run_dev(comm *c, model *m, tp_dev_comm *dev, tp_other_fn on_other,
          * here too (the residual stream is replicated: the same rows as rank 0's); anything else is rank 0's */
         b.aux_on_device = (fl & TP_AUX_DEV) && model_aux_device(m); /* model_forward checks its layers */
         if (!b.aux_on_device) b.n_aux = 0, b.aux_layers = NULL;
+        model_graph_force(m, (fl >> TP_GRAPH_SHIFT) - 1); /* rank 0's pick (a rank without graphs: no-op) */
+        model_graph_stats gs;
+        model_graph_get_stats(m, &gs);
+        if ((fl >> TP_GRAPH_SHIFT) > gs.n_graphs) {
+            specd_err_set(err, "tensor parallel: rank 0 replays graph %d, this rank captured %d", (fl >> TP_GRAPH_SHIFT) - 1,
+                          gs.n_graphs);
+            comm_abort(c, err->msg);
+            goto done;
+        }
         bk_tensor dev_sink;
         if ((fl & TP_WANT_LOGITS) && !model_backend(m)->host_visible) {
             b.logits_dev = &dev_sink; /* the all-gather needs every rank; a device rank keeps its copy there */
@@ -441,4 +455,40 @@ int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err) {
         return -1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ graphs at TP > 1 */
+
+typedef struct graph_vote {
+    int32_t ok, n_graphs;
+    char why[200];
+} graph_vote;
+
+int tp_graphs_agree(comm *c, model *m, int captured, const char *why_local, char *why, size_t why_cap,
+                    specd_err *err) {
+    const int world = comm_world(c);
+    graph_vote mine = {.ok = captured ? 1 : 0}, *all = calloc((size_t)world, sizeof *all);
+    if (!all) return specd_err_set(err, "out of memory");
+    model_graph_stats st;
+    model_graph_get_stats(m, &st);
+    mine.n_graphs = captured ? st.n_graphs : 0;
+    snprintf(mine.why, sizeof mine.why, "%s", captured ? "" : why_local ? why_local : "capture failed");
+    if (comm_all_gather(c, &mine, sizeof mine, all, err) < 0) {
+        free(all);
+        return -1;
+    }
+    int on = 1;
+    if (why_cap) why[0] = 0;
+    for (int r = 0; r < world && on; r++) {
+        if (!all[r].ok) {
+            on = 0;
+            snprintf(why, why_cap, "rank %d: %.*s", r, (int)sizeof all[r].why - 1, all[r].why);
+        } else if (all[r].n_graphs != all[0].n_graphs) {
+            on = 0;
+            snprintf(why, why_cap, "rank %d captured %d graphs, rank 0 %d", r, all[r].n_graphs, all[0].n_graphs);
+        }
+    }
+    free(all);
+    if (!on) model_graphs_discard(m); /* every pool whole again: the ranks' block counts stay equal */
+    return on;
 }

@@ -110,7 +110,8 @@ void tp_dev_comm_abort(tp_dev_comm *d, const char *why);
 void tp_dev_comm_close(tp_dev_comm *d);
 
 /* Rank 0: posts batch b of model m to every worker (returns once it is
- * queued). Returns 0, -2 when it refused before sending anything (a batch
+ * queued), with rank 0's graph pick for it (model_graph_pick: the workers
+ * force it, so every rank replays the same graph or none does). Returns 0, -2 when it refused before sending anything (a batch
  * larger than the step channel's message size, out of memory: the group is
  * still consistent), or -1 when the channel failed. */
 int tp_step_post(comm *c, const model *m, const model_batch *b, specd_err *err);
@@ -136,5 +137,17 @@ typedef struct tp_runner {
     tp_dev_comm *dev; /* device collectives (synced after each forward), or NULL */
 } tp_runner;
 int tp_runner_forward(void *ctx, const model_batch *b, specd_err *err);
+
+/* CUDA graphs at TP > 1 (docs/engine.md "CUDA graphs at TP > 1"): every rank
+ * calls this at the same point after its own model_graphs_capture (captured:
+ * 1 ok, 0 failed with why_local). The ranks exchange their outcomes and
+ * graph counts over the host group; unless every rank captured the same
+ * number of graphs, every rank releases its graphs (steps run eagerly) and
+ * *why says which rank failed and why. Returns 1 (graphs on everywhere), 0
+ * (off everywhere), -1 (the group failed: err). Since a capture records the
+ * collectives without running them, a rank whose capture fails never leaves
+ * a peer waiting inside one. */
+int tp_graphs_agree(comm *c, model *m, int captured, const char *why_local, char *why, size_t why_cap,
+                    specd_err *err);
 
 #endif

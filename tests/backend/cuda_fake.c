@@ -52,6 +52,7 @@ int fake_graphs_alive;
 typedef enum fake_op {
     FK_MATMUL, FK_EMBED, FK_RMSNORM, FK_ADD_RMSNORM, FK_ROPE, FK_SILU_MUL, FK_ADD, FK_ADD_BIAS, FK_COPY_ROWS,
     FK_KV_WRITE, FK_ATTENTION, FK_ARGMAX, FK_MLA_WRITE, FK_MLA_ATTENTION, FK_MOE_ROUTE, FK_MOE_EXPERTS,
+    FK_FOREIGN, /* a launch of another runtime (kn_emu's collective kernels: fake_capture_foreign) */
 } fake_op;
 typedef struct fake_node { /* one recorded launch: the arguments by value */
     fake_op op;
@@ -64,6 +65,7 @@ typedef struct fake_node { /* one recorded launch: the arguments by value */
     void *p[8];
     int64_t i[6];
     float f[2];
+    int (*foreign)(void *); /* FK_FOREIGN: run(p[0]) */
 } fake_node;
 struct fake_graph {
     fake_node *nodes;
@@ -110,6 +112,19 @@ static int fake_record(const fake_node *n) {
     fake_cap->nodes[fake_cap->n++] = *n;
     fake_captured_launches++;
     return 0;
+}
+/* tools/kn_emu/kn_emu_runtime.cpp's launches (the cuda_ipc collectives of run_tp.sh) while this fake captures:
+ * recorded in order between the fake's own nodes and run at replay; 1 recorded, 0 not capturing, -1 no memory. */
+int fake_capture_foreign(int (*run)(void *), void *arg);
+long fake_foreign_host_launches(void);
+static long fake_foreign_host; /* the other runtime's launches from the host (not captured, not in a replay) */
+long fake_foreign_host_launches(void) { return fake_foreign_host; }
+int fake_capture_foreign(int (*run)(void *), void *arg) {
+    if (!fake_cap) {
+        if (!fake_replaying) fake_foreign_host++;
+        return 0;
+    }
+    return fake_record(&(fake_node){.op = FK_FOREIGN, .foreign = run, .p = {arg}}) ? -1 : 1;
 }
 /* A call the capture cannot hold (a copy, a memset, a wait): a violation, as a real capture would be invalidated. */
 #define FAKE_NOT_IN_CAPTURE()                                                                  \
@@ -741,6 +756,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
             rc = kn_moe_experts(&n->mw, p[0], p[1], p[2], (int32_t)i[0], (int32_t)i[1], p[3], p[4], (size_t)i[2], p[5],
                                 p[6], st);
             break;
+        case FK_FOREIGN: rc = n->foreign(p[0]); break;
         }
     }
     fake_replaying--;

@@ -20,6 +20,10 @@ TP 2 servers on the same GPU with --tp-comm cuda_ipc (auto) and shm:
     1's in the last bits); the TP 2 logprobs within 1e-3 of TP 1's before any difference;
   - cuda_ipc == shm bit for bit (tokens and every logprob float: the same rank-order f32 additions), and a
     rerun on cuda_ipc identical (deterministic);
+  - CUDA graphs at TP 2 (docs/engine.md "CUDA graphs at TP > 1"): the cuda_ipc server captures them on both
+    ranks (rank 0's "cuda graphs: N captured" line, no "off on every rank"), the shm server logs them off naming
+    shm; so cuda_ipc (graph replays, the cuda_ipc kernels inside the graphs, replayed many times per request)
+    == shm (eager) bit for bit above, and a cuda_ipc server with --enforce-eager == the graph one bit for bit;
   - --tp-comm nccl (SPECD_TP_NCCL_HOSTID_PER_RANK=1: each rank its own NCCL_HOSTID, so NCCL < 2.30 accepts two
     ranks of one GPU over loopback sockets; function only): greedy vs TP 1 by the same rule; skipped with a note
     when libnccl is not loadable;
@@ -283,11 +287,27 @@ def main_gpu():
                 log = s.read_log(200000)
                 for r in (0, 1) if dev == "cuda" else ():
                     assert re.search(rf"rank {r}/2 on GPU \d+ .*cuda plan:", log), f"no cuda plan line of rank {r}"
+            if dev == "cuda":
+                log = s.read_log(200000)
+                if comm == "cuda_ipc":
+                    assert re.search(r"cuda graphs: \d+ captured", log) and "off on every rank" not in log, \
+                        "TP 2 cuda_ipc: no CUDA graphs captured on both ranks"
+                else:
+                    assert "with --tp-comm shm" in log, "TP 2 shm: no 'graphs off with shm' line"
             res[comm] = got
         finally:
             rc = s.stop()
         assert rc == 0, f"TP 2 {comm}: exit {rc}"
     assert res[comms[0]] == res[comms[1]], f"{comms[0]} and {comms[1]} differ (both must be the rank-order f32 sum)"
+    if dev == "cuda":  # graphs vs eager on the same communicator
+        s = sp.Server([*common, "--tensor-parallel-size", "2", "--tp-comm", "cuda_ipc", "--enforce-eager"], model=MINI)
+        try:
+            eager = [complete(s, p) for p in PROMPTS]
+        finally:
+            rc = s.stop()
+        assert rc == 0, f"TP 2 cuda_ipc --enforce-eager: exit {rc}"
+        assert eager == res["cuda_ipc"], "TP 2 cuda_ipc: graph replays differ from --enforce-eager"
+        print("TP 2 cuda_ipc: CUDA graphs on both ranks == --enforce-eager == shm, bit for bit")
     if dev == "cuda":  # nccl, for function: 2 ranks of one GPU need a distinct NCCL_HOSTID each (GPU-NOTES section 1)
         try:
             s = sp.Server([*common, "--tensor-parallel-size", "2", "--tp-comm", "nccl"], model=MINI,

@@ -126,6 +126,19 @@ void kn_emu_syncthreads() { yield(WAIT_BLOCK, 0); }
 void kn_emu_syncwarp(int kind) { yield(WAIT_WARP, kind); }
 void *kn_emu_dyn_smem() { return g_dyn; }
 
+/* tests/backend/cuda_fake.c, when linked in (tools/kn_emu/run_tp.sh): while the FAKE device's stream captures,
+ * records run(arg) as a node of its graph, in order with its own kernels, and returns 1; 0 when it is not
+ * capturing; -1 out of memory. So the emulated collective kernels (kn_allreduce.cu) between the fake's ops are
+ * captured and replayed like a GPU graph's kernel nodes. Weak: absent in kn_emu's other binaries. */
+extern "C" int fake_capture_foreign(int (*run)(void *), void *arg) __attribute__((weak));
+void kn_emu_run(dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()> &body);
+static int run_foreign(void *arg) {
+    const kn_emu_graph::Launch *l = (const kn_emu_graph::Launch *)arg;
+    kn_emu_run(l->grid, l->block, l->smem, l->body);
+    const cudaError_t e = cudaGetLastError();
+    return (int)e;
+}
+
 void kn_emu_run(dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()> &body) {
     /* CUDA's launch limits (sm_90): refused launches set the error cudaGetLastError returns */
     const unsigned long long ntl = (unsigned long long)block.x * block.y * block.z;
@@ -142,6 +155,16 @@ void kn_emu_run(dim3 grid, dim3 block, size_t dyn_smem, const std::function<void
     if (g_capture) {
         g_capture->launches.push_back(kn_emu_graph::Launch{grid, block, dyn_smem, body});
         return;
+    }
+    if (fake_capture_foreign) { /* linked with tests/backend/cuda_fake.c: its open capture records this launch */
+        kn_emu_graph::Launch *l = new kn_emu_graph::Launch{grid, block, dyn_smem, body};
+        const int r = fake_capture_foreign(run_foreign, l);
+        if (r == 1) return; /* the node owns l for the process's life (test binaries: a few launches per graph) */
+        delete l;
+        if (r < 0) {
+            launch_error((cudaError_t)2 /* cudaErrorMemoryAllocation */, "recording a launch in the fake's capture");
+            return;
+        }
     }
     const int nt = (int)ntl;
     if (block.y != 1 || block.z != 1) kn_emu_fail("block %ux%ux%u: only 1-D blocks are emulated", block.x, block.y,

@@ -13,6 +13,9 @@
 # host staging under cuda_ipc). Then tests/backend/test_cuda_tp_draft.c: the
 # EAGLE-3 head split across the device ranks (SmolLM2 at TP 3 with a
 # vocabulary-split draft LM head), rank 0's bytes per step exactly the table.
+# Then tests/backend/test_cuda_tp_graphs.c: CUDA graphs at TP 2, the emulated
+# cuda_ipc kernels recorded into the fake's graphs (cuda_fake.c
+# fake_capture_foreign) and replayed STEPS times: == eager == CPU TP bitwise.
 # The fake's CUDA names are renamed fake_*, so it links next to the
 # emulation's cudart. BUILD_DIR: a configured specd build with the engine's
 # and draft's static libraries built. Runs the HF minis (MODEL_HF_MINI_DIR,
@@ -35,8 +38,9 @@ inc="-I$here/include -I$root"
 . "$here/comm_objs.sh" # kn_allreduce.o, kn_emu_runtime.o, $objs
 # the test and the fake device: the project's own include path (the fake's header comes first by name)
 tinc="-I$root -I$root/tests -I$root/tests/backend/cuda_fake"
-tests="test_cuda_tp test_cuda_tp_sample test_cuda_tp_draft"
+tests="test_cuda_tp test_cuda_tp_sample test_cuda_tp_graphs test_cuda_tp_draft"
 [ "${2:-}" = kimi ] && tests=test_cuda_kimi_tp
+[ "${2:-}" = graphs ] && tests=test_cuda_tp_graphs # run_tp.sh BUILD_DIR graphs: only the graphs test
 for t in $tests; do # (test_cuda_kimi_tp.c is also built for a real GPU: the fake's header comes by -include)
     $CC -std=gnu17 -O2 -g -Wall -Werror -ffp-contract=off $tinc -include "$root/tests/backend/cuda_fake/cuda_runtime_api.h" \
         -c "$root/tests/backend/$t.c" -o "$out/$t.o"
@@ -60,10 +64,16 @@ if [ "${2:-}" = kimi ]; then
     exec "$out/test_cuda_kimi_tp"
 fi
 export MODEL_HF_MINI_DIR=${MODEL_HF_MINI_DIR:-"$build/model_hf_mini"} SPECD_MODEL_GGUF= SPECD_TP_TEST_COMM=cuda_ipc
+if [ "${2:-}" = graphs ]; then
+    echo "== backend_cuda_tp_graphs with --tp-comm cuda_ipc (kn_emu): CUDA graphs at TP 2, the cuda_ipc kernels captured"
+    exec "$out/test_cuda_tp_graphs"
+fi
 echo "== backend_cuda_tp with --tp-comm cuda_ipc (kn_emu)"
 "$out/test_cuda_tp"
 echo "== backend_cuda_tp_sample with --tp-comm cuda_ipc (kn_emu): device sampling at TP 2, bytes per step checked"
 "$out/test_cuda_tp_sample"
+echo "== backend_cuda_tp_graphs with --tp-comm cuda_ipc (kn_emu): CUDA graphs at TP 2, the cuda_ipc kernels captured"
+"$out/test_cuda_tp_graphs"
 # the EAGLE-3 head split across the device ranks (SmolLM2 at TP 3, its LM head split by vocabulary: the
 # all-gather through cuda_ipc), rank 0's bytes per step exactly the table; needs the SmolLM2 GGUF
 gguf="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
