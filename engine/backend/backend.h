@@ -305,7 +305,7 @@ typedef struct bk_ops {
      * max-subtracted row, a double sum, times (float)(1 / sum)) and the id of sampler_draw(q, V, u)
      * (inverse CDF in id order), u = kn_philox_uniform(seed, pos, 0) (kernels/kn_philox.h). out I32
      * [T, 1] = id + d2t[id] when d2t (I32 [V, 1]) is not NULL; q F32 [T, V] (over V, the draft
-     * vocabulary) or NULL. The CUDA kernel's sums run in another order: q may differ in its last
+     * vocabulary) or NULL; q may be logits itself (written in place). The CUDA kernel's sums run in another order: q may differ in its last
      * bits, a draw only when u is within ~1e-15 of a boundary (kernels/kn_sample.h). */
     int (*draw)(void *ctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t, bk_tensor *out,
                 bk_tensor *q);
