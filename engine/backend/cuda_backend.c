@@ -661,6 +661,8 @@ static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, 
     return 0;
 }
 
+#define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
+
 /* bk_draw_param is handed to kn_sample_draw as kn_draw_params: the same layout. */
 _Static_assert(sizeof(bk_draw_param) == sizeof(kn_draw_params) &&
                    offsetof(bk_draw_param, temperature) == offsetof(kn_draw_params, temperature) &&
@@ -668,8 +670,9 @@ _Static_assert(sizeof(bk_draw_param) == sizeof(kn_draw_params) &&
                    offsetof(bk_draw_param, seed) == offsetof(kn_draw_params, seed),
                "bk_draw_param and kn_draw_params differ");
 
-/* bk_ops.draw: kn_sample_draw on the stream (no host transfer; capturable once the scratch fits: a first
- * call outside the capture sizes it). */
+/* bk_ops.draw: kn_sample_draw on the stream in chunks of CU_SAMPLE_CHUNK rows over one scratch (no host
+ * transfer; capturable once the scratch fits: a first call outside the capture sizes it, from the arena:
+ * ~3 x [32, V] floats, NOT counted by bk_cuda_fixed_bytes). */
 static int cu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t,
                    bk_tensor *out, bk_tensor *q) {
     cu_ctx *c = vctx;
@@ -681,7 +684,8 @@ static int cu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *par
                (long long)logits->cols, (long long)out->rows, q ? (long long)q->rows : -1LL,
                q ? (long long)q->cols : -1LL, d2t ? (long long)(d2t->rows * d2t->cols) : -1LL);
     const int32_t T = (int32_t)logits->rows, V = (int32_t)logits->cols;
-    const size_t need = kn_sample_draw_scratch_bytes(T, V);
+    const int32_t C = T < CU_SAMPLE_CHUNK ? T : CU_SAMPLE_CHUNK;
+    const size_t need = kn_sample_draw_scratch_bytes(C, V);
     if (need > c->dw_scratch_bytes) {
         CU_REQUIRE(!c->capturing,
                    "draw of %d rows x %d inside a graph capture needs %zu scratch bytes, %zu held (draw that shape "
@@ -692,14 +696,17 @@ static int cu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *par
         CU_REQUIRE(c->dw_scratch, "draw: no arena room for %zu bytes of scratch", need);
         c->dw_scratch_bytes = need;
     }
-    CU_CHECK(kn_sample_draw(logits->data, (const kn_draw_params *)params, d2t ? d2t->data : NULL, 32, T, V, out->data,
-                            q ? q->data : NULL, c->dw_scratch, c->dw_scratch_bytes, c->stream));
+    for (int32_t r0 = 0; r0 < T; r0 += C) {
+        const int32_t n = T - r0 < C ? T - r0 : C;
+        CU_CHECK(kn_sample_draw(bk_f32(logits) + (size_t)r0 * V, (const kn_draw_params *)params + r0,
+                                d2t ? d2t->data : NULL, 32, n, V, bk_i32(out) + r0,
+                                q ? bk_f32(q) + (size_t)r0 * V : NULL, c->dw_scratch, c->dw_scratch_bytes, c->stream));
+    }
     return 0;
 }
 
 /* ------------------------------------------------------------ sampling */
 
-#define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
 
 /* The staging carved at create when opts.sample_vocab > 0: a step of min(max_tokens, 16 max_seqs) rows,
  * max_seqs chains of up to 15 drafts, CU_SAMPLE_HIST_IDS history ids and CU_SAMPLE_LIST_IDS suppress +
