@@ -52,9 +52,10 @@
  *     position n - 1 on must then be re-sent with extend (re-sending from 0 is
  *     always fine: positions the draft already holds are skipped). Until they
  *     are, propose returns -1 for the sequence.
- *   - seed_seq(seq, seed): the sequence's sampled drafts draw from its own RNG
- *     seeded with SEED (one draw per sampled draft token), so a seeded
- *     request's drafts are the same alone or in any batch.
+ *   - seed_seq(seq, seed): the sequence's sampled drafts draw with Philox
+ *     keyed by SEED, counter = the drafted token's position (kernels/
+ *     kn_philox.h; bk_ops.draw), so a seeded request's drafts are the same
+ *     alone or in any batch, and on every backend.
  * Threading: engine thread only.
  */
 #ifndef SPECD_DRAFT_EAGLE3_H

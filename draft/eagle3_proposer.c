@@ -17,10 +17,13 @@
  *           batched over sequences).
  * Draft KV positions >= the last real pair + 1 hold speculative entries of
  * the last chain; they are overwritten by real pairs as they arrive.
- * Sampling: each sequence draws its sampled drafts from its own RNG (rng),
- * seeded by the engine from the request's seed (op_seed_seq; until then
- * from opts.seed and the sequence id), one draw per sampled draft token, so
- * a seeded request's drafts never depend on the batch or on other requests.
+ * Sampling: a chain step with a sampled row draws every row with bk_ops.draw
+ * (draw_step; greedy rows at temperature 0), u = Philox4x32-10 (kernels/
+ * kn_philox.h) with key = the sequence's draft seed (dseed: set by the engine
+ * from the request's seed, op_seed_seq; until then from opts.seed and the
+ * sequence id) and counter = the drafted token's position, so a seeded
+ * request's drafts never depend on the batch, on other requests or on the
+ * backend (the CPU op and the CUDA kernel draw the same ids).
  * A sequence that skips drafting for some steps (adaptive k = 0) only
  * accumulates pending real pairs in its window; the next propose runs them
  * all in one batched pass, so the draft KV is the same as if it had drafted.
@@ -36,9 +39,10 @@
  * k_max <= K is one graph launch of exactly the steps its longest chain needs. A propose on a device backend uploads each chunk's
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
- * gather_rows) and downloads the drafted ids ONCE at the end; only a
- * sampled draft (temperature > 0 with q wanted) brings its step's logits to
- * the host (the draw uses the sequence's host RNG).
+ * gather_rows) and downloads the drafted ids ONCE at the end; a step with a
+ * sampled draft (temperature > 0 with q wanted) draws on the device but
+ * brings its q rows [rows, Vd] to the host (the engine verifies those chains
+ * there over a host q).
  * Device tensor parallelism (eagle3_tp_prop.c): every rank runs this proposer
  * on its shard of the head; rank 0's posts each engine call (mirror) to the
  * workers before running it, so all ranks hold the same state.
@@ -58,6 +62,7 @@
 #include "draft/eagle3_head.h"
 #include "draft/eagle3_internal.h"
 #include "engine/util/log.h"
+#include "kernels/kn_philox.h"
 
 typedef struct e3_seq {
     int64_t id;
@@ -73,7 +78,7 @@ typedef struct e3_seq {
      * fb_first <= c < fb_first + n_fb; the chunks held cover [n_kv, n_feat) (wfeat is unused there) */
     int32_t *fb;
     int32_t fb_cap, fb_first, n_fb;
-    uint64_t rng[4];           /* xoshiro256** (Blackman & Vigna 2018): this sequence's draft draws */
+    uint64_t dseed;            /* Philox key of this sequence's sampled drafts (counter: the draft's position) */
 } e3_seq;
 
 /* A buffer in the head's backend memory (bytes; allocated at load, grown
@@ -101,6 +106,7 @@ typedef struct e3_proposer {
     e3_buf lg;                 /* F32 [max_seqs, Vd]     draft logits of one chain step */
     e3_buf dr;                 /* I32 [max_k * max_seqs] drafted target ids, step after step (one download) */
     e3_buf nt;                 /* I32 [max_seqs]         the next step's token ids when rows drop out */
+    e3_buf dpar;               /* bk_draw_param [max_seqs] a sampling step's draw parameters (bk_ops.draw) */
     /* device backends: the pending pairs' target features stay in backend memory (no host window) */
     e3_buf fpool;              /* F32 [n_fchunks * fc, featw]  feature chunks of fc rows (the KV block size) */
     e3_buf fidx;               /* I32 [max_rows]         pool rows of a chunk of pairs (gather indices) */
@@ -120,23 +126,6 @@ typedef struct e3_proposer {
 
 /* ------------------------------------------------------------ small helpers */
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
-    return r;
-}
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
-/* splitmix64 expansion of one seed into a xoshiro state */
-static void rng_seed(uint64_t *s, uint64_t x) {
-    for (int i = 0; i < 4; i++) {
-        x += 0x9e3779b97f4a7c15ULL;
-        uint64_t z = x;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        s[i] = z ^ (z >> 31);
-    }
-}
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
     if (need <= *cap) return 0;
@@ -165,7 +154,7 @@ static e3_seq *seq_get(e3_proposer *P, int64_t id) {
     s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->id = id;
-    rng_seed(s->rng, (P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL) ^ ((uint64_t)id * 0xd1342543de82ef95ULL));
+    s->dseed = (P->opts.seed ? P->opts.seed : 0x5eed5eed5eedULL) ^ ((uint64_t)id * 0xd1342543de82ef95ULL);
     P->seqs[P->n_seqs++] = s;
     return s;
 }
@@ -555,6 +544,79 @@ static bool samples(const e3_proposer *P, const float *temps, int32_t ci, const 
     return out_q && !P->opts.argmax_drafts && temps && temps[ci] > 0.0f;
 }
 
+/* A chain step with a sampled row: every row of lt (logits F32 [nr, Vd], backend memory) drawn by
+ * bk_ops.draw (greedy rows at temperature 0: the argmax, as the argmax op gave), ids through d2t into dj
+ * over the argmax, q written over the logits in place; u = Philox(key = the sequence's draft seed, counter =
+ * the drafted token's position n_tok + j), so a seeded request drafts the same tokens on every backend
+ * (backends without the op: eagle3_pick on downloaded logits, same uniform). The sampled rows' q (draft
+ * vocabulary) is scattered through `used` into out_q's target-vocabulary row; on a device backend the q rows
+ * cross to the host here (one download of nr x Vd floats, the logits' size: the engine verifies such a chain
+ * on the host). */
+static int draw_step(e3_proposer *P, e3_seq **S, const int32_t *map, const int32_t *rows, int32_t nr, int32_t j,
+                     int32_t k_max, const float *temps, bk_tensor *lt, const bk_tensor *d2t, bk_tensor *dj,
+                     float *out_q, float **lgh, specd_err *err) {
+    const bk_ops *op = P->be->ops;
+    void *bx = P->be->ctx;
+    const int32_t Vd = P->Vd;
+    const int64_t *used = eagle3_head_used(P->head);
+    const bool hv = P->be->host_visible;
+    bk_draw_param *prm = malloc(sizeof(bk_draw_param) * (size_t)nr);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)nr);
+    int rc = 0;
+    if (!prm || !ids || (!hv && !*lgh && !(*lgh = malloc(sizeof(float) * (size_t)P->opts.max_seqs * Vd)))) {
+        rc = specd_err_set(err, "out of memory");
+        goto done;
+    }
+    for (int32_t r = 0; r < nr; r++) {
+        const int32_t ci = map[rows[r]];
+        const e3_seq *s = S[rows[r]];
+        prm[r] = (bk_draw_param){samples(P, temps, ci, out_q) ? temps[ci] : 0.0f, s->n_tok + j, s->dseed};
+    }
+    const float *qh = bk_f32(lt);
+    if (op->draw) {
+        bk_draw_param *pd = buf_need(P, &P->dpar, sizeof(bk_draw_param) * (size_t)nr, "draw parameters", err);
+        if (!pd) { rc = -1; goto done; }
+        if (hv) memcpy(pd, prm, sizeof(bk_draw_param) * (size_t)nr);
+        if (fill_commit(P, pd, prm, sizeof(bk_draw_param) * (size_t)nr, err) < 0) { rc = -1; goto done; }
+        if (op->draw(bx, lt, pd, d2t, dj, lt) < 0) { rc = specd_err_set(err, "eagle3: draft draw failed"); goto done; }
+        if (!hv) {
+            if (op->download(bx, *lgh, lt->data, sizeof(float) * (size_t)nr * Vd) < 0) {
+                rc = specd_err_set(err, "eagle3: draft q download failed");
+                goto done;
+            }
+            qh = *lgh;
+        }
+        for (int32_t r = 0; r < nr; r++) {
+            if (!(prm[r].temperature > 0.0f)) continue;
+            float *q = out_q + ((size_t)map[rows[r]] * k_max + j) * P->Vt;
+            const float *qr = qh + (size_t)r * Vd;
+            for (int32_t i = 0; i < Vd; i++) q[used[i]] = qr[i];
+        }
+        goto done;
+    }
+    /* no draw op: the host draws from downloaded logits, over the argmax in the ids buffer */
+    if (!hv) {
+        if (op->download(bx, *lgh, lt->data, sizeof(float) * (size_t)nr * Vd) < 0 ||
+            op->download(bx, ids, dj->data, sizeof(int32_t) * (size_t)nr) < 0) {
+            rc = specd_err_set(err, "eagle3: draft logits download failed");
+            goto done;
+        }
+        qh = *lgh;
+    }
+    int32_t *idp = hv ? bk_i32(dj) : ids;
+    for (int32_t r = 0; r < nr; r++) {
+        if (!(prm[r].temperature > 0.0f)) continue;
+        float *q = out_q + ((size_t)map[rows[r]] * k_max + j) * P->Vt;
+        idp[r] = (int32_t)used[eagle3_pick(qh + (size_t)r * Vd, Vd, used, prm[r].temperature,
+                                           kn_philox_uniform(prm[r].seed, prm[r].pos, 0), q)];
+    }
+    rc = fill_commit(P, dj->data, ids, sizeof(int32_t) * (size_t)nr, err);
+done:
+    free(prm);
+    free(ids);
+    return rc;
+}
+
 /* The chain for the m sequences S (caller indices map[]) whose first rows
  * hA[0, nr) run_pairs left (rows[r] = index in S of row r): step j turns the
  * nr rows into logits, picks each row's draft (argmax + d2t on the backend;
@@ -567,7 +629,6 @@ static bool samples(const e3_proposer *P, const float *temps, int32_t ci, const 
 static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, int32_t nr, const int32_t *k,
                  int32_t k_max, const float *temps, int32_t *out_tokens, float *out_q, specd_err *err) {
     const int32_t H = P->H, Vd = P->Vd, G = nr;
-    const int64_t *used = eagle3_head_used(P->head);
     const bk_ops *op = P->be->ops;
     void *bx = P->be->ctx;
     const bool hv = P->be->host_visible;
@@ -582,7 +643,7 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
     int32_t *who = malloc(sizeof(int32_t) * DR), *stepj = malloc(sizeof(int32_t) * DR);
     int32_t *tok4 = malloc(sizeof(int32_t) * (size_t)G * 4);
     const int32_t **bt = malloc(sizeof(int32_t *) * (size_t)G);
-    float *lgh = NULL;          /* host logits of a sampling step (device backends) */
+    float *lgh = NULL;          /* host q rows of a sampling step (device backends) */
     int32_t *drh = NULL;        /* host copy of dr */
     int rc = 0, n_dr = 0;
     if (!who || !stepj || !tok4 || !bt) { rc = specd_err_set(err, "out of memory"); goto done; }
@@ -596,30 +657,8 @@ static int chain(e3_proposer *P, e3_seq **S, const int32_t *map, int32_t *rows, 
         if (op->argmax(bx, &lt, d2t, &dj) < 0) { rc = specd_err_set(err, "eagle3: draft argmax failed"); goto done; }
         bool any_sampled = false;
         for (int32_t r = 0; r < nr; r++) any_sampled |= samples(P, temps, map[rows[r]], out_q);
-        if (any_sampled) { /* the host draws: this step's logits make a round trip (one sync) */
-            const float *lh = bk_f32(&lt);
-            if (!hv) {
-                if (!lgh && !(lgh = malloc(sizeof(float) * (size_t)G * Vd))) { rc = specd_err_set(err, "out of memory"); goto done; }
-                if (!drh && !(drh = malloc(sizeof(int32_t) * DR))) { rc = specd_err_set(err, "out of memory"); goto done; }
-                if (op->download(bx, lgh, lg, sizeof(float) * (size_t)nr * Vd) < 0) {
-                    rc = specd_err_set(err, "eagle3: draft logits download failed");
-                    goto done;
-                }
-                lh = lgh;
-            }
-            for (int32_t r = 0; r < nr; r++) {
-                const int32_t ci = map[rows[r]];
-                if (!samples(P, temps, ci, out_q)) continue;
-                float *q = out_q + ((size_t)ci * k_max + j) * P->Vt;
-                const int32_t id = (int32_t)used[eagle3_pick(lh + (size_t)r * Vd, Vd, used, temps[ci],
-                                                             rng_uniform(S[rows[r]]->rng), q)];
-                /* over the argmax in the ids buffer (device: from drh, whose slot stays untouched until the
-                 * final download) */
-                int32_t *slot = fill_ptr(P, bk_i32(&dj) + r, drh ? drh + n_dr + r : NULL);
-                *slot = id;
-                if (fill_commit(P, bk_i32(&dj) + r, slot, sizeof(int32_t), err) < 0) { rc = -1; goto done; }
-            }
-        }
+        if (any_sampled && (rc = draw_step(P, S, map, rows, nr, j, k_max, temps, &lt, d2t, &dj, out_q, &lgh, err)) < 0)
+            goto done;
         int32_t nn = 0;
         for (int32_t r = 0; r < nr; r++) {
             const int32_t si = rows[r], ci = map[si];
@@ -1040,7 +1079,7 @@ static void op_seed_seq(void *ctx, int64_t id, uint64_t seed) {
     e3_proposer *P = ctx;
     if (P->mirror) e3m_post_seq(P->mirror, 1, id, seed);
     e3_seq *s = seq_get(P, id);
-    if (s) rng_seed(s->rng, seed); /* out of memory: extend reports it */
+    if (s) s->dseed = seed; /* out of memory: extend reports it */
 }
 
 static void op_free_seq(void *ctx, int64_t id) {
@@ -1128,6 +1167,7 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
         {&P->aux, R * (size_t)P->featw * 4}, {&P->g, R * (size_t)P->H * 4}, {&P->hout, R * (size_t)P->H * 4},
         {&P->tok, R * 4}, {&P->idx, (R > G ? R : G) * 4}, {&P->hA, G * (size_t)P->H * 4},
         {&P->hB, G * (size_t)P->H * 4}, {&P->lg, G * (size_t)P->Vd * 4}, {&P->dr, K * (G + 3) * 4}, {&P->nt, G * 4},
+        {&P->dpar, G * sizeof(bk_draw_param)},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (!(bufs[i].b->p = P->be->ops->buf_alloc(P->be->ctx, bufs[i].bytes))) {
@@ -1185,7 +1225,7 @@ void eagle3_destroy(spec_proposer *p) {
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
     e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt,
-                      &P->fpool, &P->fidx};
+                      &P->dpar, &P->fpool, &P->fidx};
     if (P->be && !P->be->host_visible) P->be->ops->download(P->be->ctx, NULL, NULL, 0); /* queued work is done */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_drop(P, bufs[i]);
     eagle3_head_destroy(P->head);

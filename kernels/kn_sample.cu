@@ -479,6 +479,29 @@ __global__ void kn_philox_kernel(const uint64_t *seed, const int32_t *pos, const
     if (i < n) out[i] = kn_philox_uniform(seed[i], pos[i], draw[i]);
 }
 
+/* kn_sample_draw's prologue: row r's compact draw parameters -> a full kn_sample_params (no penalties, no
+ * lists, top-k / top-p / min-p off, Philox uniform). */
+__global__ void kn_draw_params_kernel(const kn_draw_params *in, int32_t n, kn_sample_params *out) {
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    kn_sample_params p = {};
+    p.temperature = in[i].temperature;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    p.pos = in[i].pos;
+    p.seed = in[i].seed;
+    out[i] = p;
+}
+
+/* kn_sample_draw's epilogue: out[i] = id + d2t[id] (d2t_bits 32 or 64), ids outside [0, vocab) untouched. */
+__global__ void kn_draw_d2t_kernel(int32_t *out, int32_t n, const void *d2t, int d2t_bits, int32_t vocab) {
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    const int32_t id = out[i];
+    if (id < 0 || id >= vocab) return;
+    out[i] = d2t_bits == 64 ? (int32_t)(id + ((const int64_t *)d2t)[id]) : id + ((const int32_t *)d2t)[id];
+}
+
 size_t round256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
@@ -524,5 +547,31 @@ extern "C" int kn_philox_uniforms(const uint64_t *seed, const int32_t *pos, cons
     if (n == 0) return 0;
     if (!seed || !pos || !draw || !out) return (int)cudaErrorInvalidValue;
     kn_philox_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(seed, pos, draw, n, out);
+    return (int)cudaGetLastError();
+}
+
+extern "C" size_t kn_sample_draw_scratch_bytes(int32_t n_rows, int32_t vocab) {
+    if (n_rows <= 0 || vocab <= 0) return 0;
+    return round256((size_t)n_rows * sizeof(kn_sample_params)) + kn_sample_scratch_bytes(n_rows, vocab);
+}
+
+extern "C" int kn_sample_draw(const float *logits, const kn_draw_params *params, const void *d2t, int d2t_bits,
+                              int32_t n_rows, int32_t vocab, int32_t *out_token, float *out_probs, void *scratch,
+                              size_t scratch_bytes, void *stream) {
+    if (n_rows < 0 || vocab <= 0) return (int)cudaErrorInvalidValue;
+    if (n_rows == 0) return 0;
+    if (!logits || !params || !out_token || !scratch || scratch_bytes < kn_sample_draw_scratch_bytes(n_rows, vocab) ||
+        (d2t && d2t_bits != 32 && d2t_bits != 64))
+        return (int)cudaErrorInvalidValue;
+    const size_t ph = round256((size_t)n_rows * sizeof(kn_sample_params));
+    kn_sample_params *full = (kn_sample_params *)scratch;
+    kn_draw_params_kernel<<<(unsigned)((n_rows + 255) / 256), 256, 0, (cudaStream_t)stream>>>(params, n_rows, full);
+    int rc = (int)cudaGetLastError();
+    if (rc) return rc;
+    rc = kn_sample(logits, full, NULL, NULL, NULL, NULL, n_rows, vocab, out_token, out_probs, (char *)scratch + ph,
+                   scratch_bytes - ph, stream);
+    if (rc || !d2t) return rc;
+    kn_draw_d2t_kernel<<<(unsigned)((n_rows + 255) / 256), 256, 0, (cudaStream_t)stream>>>(out_token, n_rows, d2t,
+                                                                                            d2t_bits, vocab);
     return (int)cudaGetLastError();
 }

@@ -120,6 +120,31 @@ int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, co
                    const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t vocab,
                    int32_t *n_accepted, int32_t *out_tokens, void *stream);
 
+/* One row of kn_sample_draw (16 bytes; engine/backend/backend.h's
+ * bk_draw_param has this layout, checked in cuda_backend.c). */
+typedef struct kn_draw_params {
+    float temperature;        /* < 1e-5: greedy (argmax, one-hot probabilities) */
+    int32_t pos;              /* Philox counter (the drafted token's position) */
+    uint64_t seed;            /* Philox key (the sequence's draft seed) */
+} kn_draw_params;
+
+/* Scratch bytes of kn_sample_draw: n_rows kn_sample_params (256-rounded),
+ * then kn_sample_scratch_bytes(n_rows, vocab). */
+size_t kn_sample_draw_scratch_bytes(int32_t n_rows, int32_t vocab);
+
+/* A draw per row with temperature only (EAGLE-3's sampled drafts): kn_sample
+ * with params expanded on the device from `params` (device [n_rows]: top-k /
+ * top-p / min-p / penalties off, u = kn_philox_uniform(seed, pos, 0)), then
+ * out_token[r] = id + d2t[id] when d2t is not NULL (device, vocab entries of
+ * d2t_bits 32 or 64: the draft -> target map). logits device f32 [n_rows,
+ * vocab]; out_token device int32 [n_rows] (required); out_probs device f32
+ * [n_rows, vocab] (the draft distribution q over the DRAFT vocabulary;
+ * one-hot for greedy rows) or NULL. Three launches, no host work:
+ * graph-capturable. */
+int kn_sample_draw(const float *logits, const kn_draw_params *params, const void *d2t, int d2t_bits,
+                   int32_t n_rows, int32_t vocab, int32_t *out_token, float *out_probs, void *scratch,
+                   size_t scratch_bytes, void *stream);
+
 /* out[i] = kn_philox_uniform(seed[i], pos[i], draw[i]) computed on the
  * device (the host/device identity check). All device arrays of n. */
 int kn_philox_uniforms(const uint64_t *seed, const int32_t *pos, const uint32_t *draw, int32_t n, double *out,

@@ -199,6 +199,15 @@ typedef struct bk_sample_row {
     double u;                         /* [0, 1) */
 } bk_sample_row;
 
+/* One row's parameters of bk_ops.draw, in BACKEND memory (16 bytes; the
+ * CUDA backend hands the array to kernels/kn_sample.h kn_sample_draw as
+ * kn_draw_params, same layout). */
+typedef struct bk_draw_param {
+    float temperature;                /* < 1e-5 (SAMPLER_GREEDY_EPS): greedy, argmax and a one-hot q */
+    int32_t pos;                      /* Philox counter: the drawn token's absolute position */
+    uint64_t seed;                    /* Philox key: the sequence's draft seed */
+} bk_draw_param;
+
 /* A speculative chain to verify in bk_ops.sample: rows row0 .. row0 + n_draft
  * of the logits are the target at x_m and after each draft; row j's
  * bk_sample_row carries that row's history (drafts 1..j appended). Greedy:
@@ -288,6 +297,18 @@ typedef struct bk_ops {
      * target map, validated at load). out I32 [T, 1]. The greedy draft pick
      * of the chain loop, on the device (no logits download). */
     int (*argmax)(void *ctx, const bk_tensor *logits, const bk_tensor *d2t, bk_tensor *out);
+    /* Optional (NULL: the caller draws on the host). A draw per row of logits F32 [T, V] with
+     * temperature only, no host transfer (graph-capturable on the CUDA backend): row t with
+     * params[t] (bk_draw_param [T] in backend memory, uploaded by the caller): greedy rows
+     * (temperature < 1e-5) take argmax's id with a one-hot q; the others q = softmax(logits /
+     * temperature) with sampler_probs' f32 element arithmetic (row * (1 / T), expf of the
+     * max-subtracted row, a double sum, times (float)(1 / sum)) and the id of sampler_draw(q, V, u)
+     * (inverse CDF in id order), u = kn_philox_uniform(seed, pos, 0) (kernels/kn_philox.h). out I32
+     * [T, 1] = id + d2t[id] when d2t (I32 [V, 1]) is not NULL; q F32 [T, V] (over V, the draft
+     * vocabulary) or NULL; q may be logits itself (written in place). The CUDA kernel's sums run in another order: q may differ in its last
+     * bits, a draw only when u is within ~1e-15 of a boundary (kernels/kn_sample.h). */
+    int (*draw)(void *ctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t, bk_tensor *out,
+                bk_tensor *q);
 
     /* --- memory and transfers (all backends; trivial on host-visible ones) */
     /* bytes of backend memory (16-byte aligned at least, zeroed), or NULL. Called at

@@ -22,6 +22,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/cpu_internal.h"
 #include "engine/util/log.h"
+#include "kernels/kn_philox.h"
 
 /* RMSNorm (Zhang & Sennrich 2019): x * 1/sqrt(mean(x^2) + eps) * g.
  * The sum of squares runs in a fixed sequential order (double accumulator). */
@@ -399,6 +400,68 @@ static int cpu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t,
     return 0;
 }
 
+/* bk_ops.draw: sampler_probs (engine/runtime/sampler.c) restricted to a temperature, element for element
+ * (the backend library does not link the sampler; the fake CUDA device runs sampler.c itself, so
+ * backend_cuda_glue compares the two), then sampler_draw with u = kn_philox_uniform(seed, pos, 0). */
+static int cpu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t,
+                    bk_tensor *out, bk_tensor *q) {
+    (void)vctx;
+    const int64_t V = logits->cols, T = logits->rows;
+    if (!params || logits->dtype != BK_F32 || out->dtype != BK_I32 || out->rows != T || V <= 0 || V > INT32_MAX ||
+        (d2t && d2t->rows * d2t->cols < V) || (q && (q->dtype != BK_F32 || q->rows != T || q->cols != V)))
+        return -1;
+    float *tmp = q ? NULL : malloc(sizeof(float) * (size_t)V);
+    if (!q && !tmp) return -1;
+    for (int64_t t = 0; t < T; t++) {
+        const float *x = bk_f32(logits) + (size_t)t * (size_t)V;
+        float *p = q ? bk_f32(q) + (size_t)t * (size_t)V : tmp;
+        int32_t id = 0;
+        for (int32_t i = 1; i < V; i++) /* sampler_argmax */
+            if (x[i] > x[id] || (isnan(x[id]) && !isnan(x[i]))) id = i;
+        const float temp = params[t].temperature;
+        if (!(temp >= 1e-5f)) { /* greedy (sampler_is_greedy): the argmax, q one-hot */
+            if (q) {
+                memset(p, 0, sizeof(float) * (size_t)V);
+                p[id] = 1.0f;
+            }
+        } else {
+            const float inv_t = 1.0f / temp;
+            float mx = -INFINITY;
+            for (int32_t i = 0; i < V; i++) {
+                p[i] = x[i] * inv_t;
+                if (p[i] > mx) mx = p[i];
+            }
+            if (!(mx > -INFINITY)) { /* softmax_row's fallback */
+                for (int32_t i = 0; i < V; i++) p[i] = 1.0f / (float)V;
+            } else {
+                double sum = 0.0;
+                for (int32_t i = 0; i < V; i++) {
+                    const float e = p[i] > -INFINITY ? expf(p[i] - mx) : 0.0f;
+                    p[i] = e;
+                    sum += e;
+                }
+                const float inv = (float)(1.0 / sum);
+                for (int32_t i = 0; i < V; i++) p[i] *= inv;
+            }
+            double total = 0.0; /* sampler_draw */
+            for (int32_t i = 0; i < V; i++) total += p[i];
+            const double target = kn_philox_uniform(params[t].seed, params[t].pos, 0) * total;
+            double acc = 0.0;
+            int32_t last = -1, pick = -1;
+            for (int32_t i = 0; i < V && pick < 0; i++) {
+                if (!(p[i] > 0.0f)) continue;
+                acc += p[i];
+                last = i;
+                if (target < acc) pick = i;
+            }
+            id = pick >= 0 ? pick : last >= 0 ? last : 0;
+        }
+        bk_i32(out)[t] = d2t ? id + bk_i32(d2t)[id] : id;
+    }
+    free(tmp);
+    return 0;
+}
+
 static int cpu_matmul_t(void *vctx, const bk_weight *w, const bk_tensor *x, bk_tensor *y) {
     return cpu_matmul(vctx, w, bk_f32(x), (int32_t)x->rows, bk_f32(y));
 }
@@ -497,6 +560,7 @@ static const bk_ops CPU_OPS = {
     .copy_cols = cpu_copy_cols,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
+    .draw = cpu_draw,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,
     .upload = cpu_copy,

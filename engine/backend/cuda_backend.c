@@ -56,6 +56,7 @@
 #include "engine/backend/cuda_backend.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +203,8 @@ typedef struct cu_ctx {
     float *sm_scratch;             /* kn_sample scratch for CU_SAMPLE_CHUNK rows of sm_vocab */
     size_t sm_scratch_bytes;
     int32_t sm_vocab;
+    void *dw_scratch;              /* cu_draw's kn_sample_draw scratch (grow-only, outside captures) */
+    size_t dw_scratch_bytes;
     bool fixed_shape;              /* meta_upload: stride bt_cap, max_len o.max_len (graph steps) */
     int32_t fixed_len;             /* > 0: the max_len fixed_shape bakes in instead of o.max_len (a length class) */
     bool capturing;                /* between graph begin and end */
@@ -704,9 +707,52 @@ static int cu_argmax(void *vctx, const bk_tensor *logits, const bk_tensor *d2t, 
     return 0;
 }
 
+#define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
+
+/* bk_draw_param is handed to kn_sample_draw as kn_draw_params: the same layout. */
+_Static_assert(sizeof(bk_draw_param) == sizeof(kn_draw_params) &&
+                   offsetof(bk_draw_param, temperature) == offsetof(kn_draw_params, temperature) &&
+                   offsetof(bk_draw_param, pos) == offsetof(kn_draw_params, pos) &&
+                   offsetof(bk_draw_param, seed) == offsetof(kn_draw_params, seed),
+               "bk_draw_param and kn_draw_params differ");
+
+/* bk_ops.draw: kn_sample_draw on the stream in chunks of CU_SAMPLE_CHUNK rows over one scratch (no host
+ * transfer; capturable once the scratch fits: a first call outside the capture sizes it, from the arena:
+ * ~3 x [32, V] floats, NOT counted by bk_cuda_fixed_bytes). */
+static int cu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t,
+                   bk_tensor *out, bk_tensor *q) {
+    cu_ctx *c = vctx;
+    CU_REQUIRE(params && logits->dtype == BK_F32 && out->dtype == BK_I32 && out->rows == logits->rows &&
+                   logits->rows > 0 && logits->rows <= INT32_MAX && logits->cols > 0 && logits->cols <= INT32_MAX &&
+                   (!d2t || (d2t->dtype == BK_I32 && d2t->rows * d2t->cols >= logits->cols)) &&
+                   (!q || (q->dtype == BK_F32 && q->rows == logits->rows && q->cols == logits->cols)),
+               "draw: logits [%lld, %lld], out [%lld], q [%lld, %lld], d2t %lld", (long long)logits->rows,
+               (long long)logits->cols, (long long)out->rows, q ? (long long)q->rows : -1LL,
+               q ? (long long)q->cols : -1LL, d2t ? (long long)(d2t->rows * d2t->cols) : -1LL);
+    const int32_t T = (int32_t)logits->rows, V = (int32_t)logits->cols;
+    const int32_t C = T < CU_SAMPLE_CHUNK ? T : CU_SAMPLE_CHUNK;
+    const size_t need = kn_sample_draw_scratch_bytes(C, V);
+    if (need > c->dw_scratch_bytes) {
+        CU_REQUIRE(!c->capturing,
+                   "draw of %d rows x %d inside a graph capture needs %zu scratch bytes, %zu held (draw that shape "
+                   "once before capturing)", T, V, need, c->dw_scratch_bytes);
+        if (c->dw_scratch) cu_buf_free(c, c->dw_scratch);
+        c->dw_scratch_bytes = 0;
+        c->dw_scratch = cu_buf_alloc(c, need);
+        CU_REQUIRE(c->dw_scratch, "draw: no arena room for %zu bytes of scratch", need);
+        c->dw_scratch_bytes = need;
+    }
+    for (int32_t r0 = 0; r0 < T; r0 += C) {
+        const int32_t n = T - r0 < C ? T - r0 : C;
+        CU_CHECK(kn_sample_draw(bk_f32(logits) + (size_t)r0 * V, (const kn_draw_params *)params + r0,
+                                d2t ? d2t->data : NULL, 32, n, V, bk_i32(out) + r0,
+                                q ? bk_f32(q) + (size_t)r0 * V : NULL, c->dw_scratch, c->dw_scratch_bytes, c->stream));
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ sampling */
 
-#define CU_SAMPLE_CHUNK 32 /* rows per kn_sample launch: the scratch is 3 planes of [32, vocab] */
 
 /* The staging carved at create when opts.sample_vocab > 0: a step of min(max_tokens, 16 max_seqs) rows,
  * max_seqs chains of up to 15 drafts, CU_SAMPLE_HIST_IDS history ids and CU_SAMPLE_LIST_IDS suppress +
@@ -1160,6 +1206,7 @@ static const bk_ops CUDA_OPS = {
     .copy_cols = cu_copy_cols,
     .gather_rows = cu_gather_rows,
     .argmax = cu_argmax,
+    .draw = cu_draw,
     .buf_alloc = cu_buf_alloc,
     .buf_free = cu_buf_free,
     .upload = cu_upload,

@@ -43,7 +43,7 @@ static int fake_n_allocs;
 int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
 long fake_h2d, fake_d2h, fake_syncs;
 size_t fake_d2h_bytes, fake_h2d_bytes;
-int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
+int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls, fake_kn_sample_draw_calls;
 long fake_host_launches, fake_graph_launches, fake_captured_launches;
 int fake_graphs_alive;
 
@@ -53,6 +53,7 @@ typedef enum fake_op {
     FK_MATMUL, FK_EMBED, FK_RMSNORM, FK_ADD_RMSNORM, FK_ROPE, FK_SILU_MUL, FK_ADD, FK_ADD_BIAS, FK_COPY_ROWS,
     FK_KV_WRITE, FK_ATTENTION, FK_ARGMAX, FK_MLA_WRITE, FK_MLA_ATTENTION, FK_MOE_ROUTE, FK_MOE_EXPERTS,
     FK_FOREIGN, /* a launch of another runtime (kn_emu's collective kernels: fake_capture_foreign) */
+    FK_SAMPLE_DRAW,
 } fake_op;
 typedef struct fake_node { /* one recorded launch: the arguments by value */
     fake_op op;
@@ -485,6 +486,46 @@ int kn_sample(const float *logits, const kn_sample_params *params, const int32_t
     return 0;
 }
 
+size_t kn_sample_draw_scratch_bytes(int32_t n_rows, int32_t vocab) {
+    if (n_rows <= 0 || vocab <= 0) return 0;
+    return ((size_t)n_rows * sizeof(kn_sample_params) + 255) / 256 * 256 + kn_sample_scratch_bytes(n_rows, vocab);
+}
+
+/* The host sampler with temperature only (sampler_probs, sampler_draw at kn_philox_uniform(seed, pos, 0)),
+ * then d2t: what the kernel computes (kernels/kn_sample.h), independently of the CPU backend's draw op.
+ * Capturable (recorded as FK_SAMPLE_DRAW). */
+int kn_sample_draw(const float *logits, const kn_draw_params *params, const void *d2t, int d2t_bits, int32_t n_rows,
+                   int32_t V, int32_t *out_token, float *out_probs, void *scratch, size_t scratch_bytes, void *stream) {
+    (void)stream;
+    FAKE_LAUNCH(.op = FK_SAMPLE_DRAW, .p = {(void *)logits, (void *)params, (void *)d2t, out_token, out_probs, scratch},
+                .i = {d2t_bits, n_rows, V, (int64_t)scratch_bytes});
+    fake_kn_calls++, fake_kn_sample_draw_calls++;
+    if (n_rows < 0 || V <= 0) return cudaErrorInvalidValue;
+    if (n_rows == 0) return 0;
+    if (!out_token || scratch_bytes < kn_sample_draw_scratch_bytes(n_rows, V) || (d2t && d2t_bits != 32 && d2t_bits != 64))
+        return cudaErrorInvalidValue;
+    F32(logits, (size_t)n_rows * V); DEV(params, (size_t)n_rows * sizeof *params); DEV(scratch, scratch_bytes);
+    DEV(out_token, (size_t)n_rows * 4);
+    if (out_probs) F32(out_probs, (size_t)n_rows * V);
+    if (d2t) DEV(d2t, (size_t)V * (size_t)(d2t_bits / 8));
+    sampler_work *w = fake_sw(V);
+    float *p = malloc((size_t)V * 4);
+    if (!p) return cudaErrorMemoryAllocation;
+    for (int32_t r = 0; r < n_rows; r++) {
+        sampling_params sp;
+        sampling_params_init(&sp);
+        sp.temperature = params[r].temperature, sp.top_p = 1.0f, sp.top_k = 0, sp.min_p = 0.0f;
+        sampler_hist hh = {NULL, 0, NULL, 0, NULL, 0};
+        const int32_t amax = sampler_probs(w, &sp, &hh, logits + (size_t)r * V, p);
+        int32_t tok = sampler_is_greedy(&sp) ? amax : sampler_draw(p, V, kn_philox_uniform(params[r].seed, params[r].pos, 0));
+        if (d2t) tok += d2t_bits == 32 ? ((const int32_t *)d2t)[tok] : (int32_t)((const int64_t *)d2t)[tok];
+        out_token[r] = tok;
+        if (out_probs) memcpy(out_probs + (size_t)r * V, p, (size_t)V * 4);
+    }
+    free(p);
+    return 0;
+}
+
 int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
                    const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0,
                    const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t V,
@@ -747,6 +788,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
             rc = kn_attention(&n->kv, &n->b, p[0], (int32_t)i[0], n->f[0], p[1], p[2], (size_t)i[1], st);
             break;
         case FK_ARGMAX: rc = kn_argmax(p[0], (int32_t)i[0], (int32_t)i[1], p[1], (int)i[2], p[2], st); break;
+        case FK_SAMPLE_DRAW:
+            rc = kn_sample_draw(p[0], p[1], p[2], (int)i[0], (int32_t)i[1], (int32_t)i[2], p[3], p[4], p[5], (size_t)i[3],
+                                st);
+            break;
         case FK_MLA_WRITE: rc = kn_mla_latent_write(&n->mc, &n->b, p[0], st); break;
         case FK_MLA_ATTENTION:
             rc = kn_mla_attention(&n->mc, &n->b, p[0], (int32_t)i[0], n->f[0], p[1], p[2], (size_t)i[1], st);

@@ -282,9 +282,10 @@ static void batch_compare(model *mc, model *md, const char *dir, const char *hot
                "captured %d graphs in %d classes (want 3 buckets x (1 + 2 classes x %d))", gs.n_graphs, gs.n_classes,
                graph_k - 1);
     }
-    { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): the device head brings
-       * each step's logits to the host for the draw; with the same seeds both heads draw the same drafts from the
-       * same q, bit for bit */
+    { /* sampled drafts (temperature 0.8 for even sequences, greedy for odd ones, q wanted): both heads draw with
+       * bk_ops.draw (the CPU op vs the fake device's kn_sample_draw, which runs sampler.c) at Philox(draft seed,
+       * position); the device head brings each such step's q rows to the host; with the same seeds both heads
+       * draw the same drafts from the same q, bit for bit */
         float temps[4] = {0.8f, 0.0f, 0.8f, 0.0f};
         const size_t nq = (size_t)nseq * (size_t)k * (size_t)V;
         float *qa = malloc(sizeof(float) * nq), *qb = malloc(sizeof(float) * nq);

@@ -19,7 +19,10 @@
  *     and the SmolLM2 Q4_1 GGUF ($SPECD_MODEL_GGUF) when present: a 2-sequence
  *     prefill step (40 + 7 tokens, shuffled physical blocks), then 8 decode
  *     steps of both sequences in one batch: logits of every output row
- *     bit-identical (memcmp), and no host pointer ever reached a device op.
+ *     bit-identical (memcmp), and no host pointer ever reached a device op;
+ *   - bk_ops.draw (test_draw): the CPU op == the fake device's kn_sample_draw
+ *     (sampler.c's rule) bitwise, against softmax and the inverse CDF at the
+ *     Philox uniform computed here, replayed inside a graph capture.
  * What it cannot check: the kernels themselves (tests/kernels, label gpu).
  */
 #include <math.h>
@@ -32,6 +35,7 @@
 #include "engine/model/model.h"
 #include "tests/backend/cuda_fake/cuda_runtime_api.h"
 #include "engine/backend/cuda_backend.h"
+#include "kernels/kn_philox.h"
 
 static int n_fail;
 #define EXPECT(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); n_fail++; } } while (0)
@@ -122,6 +126,99 @@ static void test_ops(void) {
     bk_tensor_free(dev, &dd), bk_tensor_free(dev, &aux);
 }
 
+/* bk_ops.draw (EAGLE-3's sampled drafts on the device): the CPU backend's op against the fake device's
+ * kn_sample_draw (which runs sampler.c's sampler_probs + sampler_draw: an independent implementation of the
+ * rule), ids and q bitwise; each q against softmax(x / T) computed here in double; each drawn id against the
+ * inverse CDF of that q at kn_philox_uniform(seed, pos, 0) (draw 1 would pick another id in most rows); the
+ * op inside a graph capture, replayed on new logits and new parameters; refused shapes. */
+static void test_draw(void) {
+    enum { T = 40, V = 300 }; /* two launches on the device: chunks of 32 rows */
+    static float x[T * V], qc[T * V], qd[T * V], ref[V];
+    int32_t d2t[V], idc[T], idd[T];
+    uint32_t st = 12345u;
+    for (int i = 0; i < T * V; i++) {
+        st = st * 1664525u + 1013904223u;
+        x[i] = (float)((double)(st >> 8) / 16777216.0 * 8.0 - 4.0);
+    }
+    x[2 * V + 17] = 9.0f; /* a clear argmax for the greedy row */
+    for (int i = 0; i < V; i++) d2t[i] = i + 7; /* target id = 2 id + 7 */
+    static const float temps[6] = {0.0f, 0.7f, 1.0f, 1.5f, 1e-6f, 0.3f};
+    bk_draw_param prm[T];
+    for (int t = 0; t < T; t++) prm[t] = (bk_draw_param){temps[t % 6], 11 + 3 * t, 0x9e3779b97f4a7c15ULL * (uint64_t)(t + 1)};
+    bk_tensor hx = bk_wrap_f32(x, T, V), hq = bk_wrap_f32(qc, T, V), hi = bk_wrap_i32(idc, T, 1),
+              hd = bk_wrap_i32(d2t, V, 1);
+    EXPECT(cpu->ops->draw && cpu->ops->draw(cpu->ctx, &hx, prm, &hd, &hi, &hq) == 0, "cpu draw");
+    bk_tensor dx = up(x, T, V), dq, di, dd, dp;
+    bk_tensor_alloc(dev, BK_F32, T, V, &dq), bk_tensor_alloc(dev, BK_I32, T, 1, &di);
+    bk_tensor_alloc(dev, BK_I32, V, 1, &dd), bk_tensor_alloc(dev, BK_I32, T * (int64_t)sizeof prm[0] / 4, 1, &dp);
+    dev->ops->upload(dev->ctx, dd.data, d2t, sizeof d2t);
+    dev->ops->upload(dev->ctx, dp.data, prm, sizeof prm);
+    const int calls0 = fake_kn_sample_draw_calls;
+    const size_t d2h0 = fake_d2h_bytes;
+    EXPECT(dev->ops->draw && dev->ops->draw(dev->ctx, &dx, dp.data, &dd, &di, &dq) == 0, "device draw");
+    EXPECT(fake_kn_sample_draw_calls == calls0 + 2 && fake_d2h_bytes == d2h0, "two launches, nothing downloaded");
+    dev->ops->download(dev->ctx, idd, di.data, sizeof idd), dev->ops->download(dev->ctx, qd, dq.data, sizeof qd);
+    EXPECT(!memcmp(idc, idd, sizeof idc), "draw ids: cpu %d %d %d %d %d %d, device %d %d %d %d %d %d", idc[0], idc[1],
+           idc[2], idc[3], idc[4], idc[5], idd[0], idd[1], idd[2], idd[3], idd[4], idd[5]);
+    EXPECT(!memcmp(qc, qd, sizeof qc), "draw q: the CPU op differs from sampler_probs' bits");
+    int n_other = 0;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * V, *q = qc + (size_t)t * V;
+        int32_t am = 0;
+        for (int i = 1; i < V; i++) if (xt[i] > xt[am]) am = i;
+        if (prm[t].temperature < 1e-5f) {
+            int one = 1;
+            for (int i = 0; i < V; i++) one &= q[i] == (i == am ? 1.0f : 0.0f);
+            EXPECT(one && idc[t] == 2 * am + 7, "greedy row %d: id %d, argmax %d mapped %d, q one-hot %d", t, idc[t], am,
+                   2 * am + 7, one);
+            continue;
+        }
+        double z = 0.0, err = 0.0;
+        for (int i = 0; i < V; i++) z += exp(((double)xt[i] - xt[am]) / prm[t].temperature);
+        for (int i = 0; i < V; i++) {
+            ref[i] = (float)(exp(((double)xt[i] - xt[am]) / prm[t].temperature) / z);
+            const double e = fabs((double)q[i] - ref[i]);
+            if (e > err) err = e;
+        }
+        EXPECT(err < 1e-6, "row %d: q vs softmax(x / %g) max error %g", t, prm[t].temperature, err);
+        int32_t pick[2];
+        for (uint32_t d = 0; d < 2; d++) { /* the inverse CDF in id order at the row's uniform of draw d */
+            const double u = kn_philox_uniform(prm[t].seed, prm[t].pos, d);
+            double tot = 0.0, acc = 0.0;
+            for (int i = 0; i < V; i++) tot += q[i];
+            pick[d] = V - 1;
+            for (int i = 0; i < V; i++) if (u * tot < (acc += q[i])) { pick[d] = i; break; }
+        }
+        EXPECT(idc[t] == 2 * pick[0] + 7, "row %d: drew %d, the inverse CDF at Philox(seed, pos, 0) gives %d", t,
+               idc[t], 2 * pick[0] + 7);
+        n_other += pick[1] != pick[0];
+    }
+    EXPECT(n_other >= 8, "the draws are not distinguishable from draw index 1 (%d rows differ)", n_other);
+    /* captured: new logits and parameters uploaded before the replay; no q, no d2t */
+    const bk_graph_ops *g = dev->ops->graph;
+    void *exec = NULL;
+    EXPECT(g && g->begin(dev->ctx) == 0, "graph begin");
+    EXPECT(dev->ops->draw(dev->ctx, &dx, dp.data, NULL, &di, NULL) == 0, "draw inside a capture");
+    EXPECT(g->end(dev->ctx, &exec) == 0 && exec, "graph end");
+    for (int i = 0; i < T * V; i++) x[i] = -x[i];
+    for (int t = 0; t < T; t++) prm[t].pos += 100, prm[t].seed ^= 0xabcdefULL;
+    dev->ops->upload(dev->ctx, dx.data, x, sizeof x), dev->ops->upload(dev->ctx, dp.data, prm, sizeof prm);
+    EXPECT(exec && g->launch(dev->ctx, exec) == 0, "graph launch");
+    dev->ops->download(dev->ctx, idd, di.data, sizeof idd);
+    EXPECT(cpu->ops->draw(cpu->ctx, &hx, prm, NULL, &hi, NULL) == 0, "cpu draw without q");
+    EXPECT(!memcmp(idc, idd, sizeof idc), "the replayed draw differs from the CPU's on the new inputs");
+    if (exec) g->destroy(dev->ctx, exec);
+    /* refusals: q of the wrong shape, d2t shorter than the vocabulary */
+    bk_tensor bq = bk_wrap_f32(qc, T, V - 1), bd = bk_wrap_i32(d2t, V - 1, 1);
+    EXPECT(cpu->ops->draw(cpu->ctx, &hx, prm, NULL, &hi, &bq) == -1, "cpu: q [T, V - 1] refused");
+    EXPECT(cpu->ops->draw(cpu->ctx, &hx, prm, &bd, &hi, NULL) == -1, "cpu: d2t of V - 1 refused");
+    bk_tensor dbq = dq;
+    dbq.cols = V - 1;
+    EXPECT(dev->ops->draw(dev->ctx, &dx, dp.data, NULL, &di, &dbq) == -1, "device: q [T, V - 1] refused");
+    bk_tensor_free(dev, &dx), bk_tensor_free(dev, &dq), bk_tensor_free(dev, &di), bk_tensor_free(dev, &dd);
+    bk_tensor_free(dev, &dp);
+}
+
 typedef struct runner { backend *be; model *m; } runner;
 
 static int run_step(runner *R, int32_t n, const int32_t *tok, const int32_t *pos, const int32_t *seq,
@@ -196,6 +293,7 @@ int main(void) {
     printf("%s\n", bk_cuda_describe(dev));
     test_arena();
     test_ops();
+    test_draw();
     const char *mini = getenv("MODEL_HF_MINI_DIR"), *gguf = getenv("SPECD_MODEL_GGUF");
     char p[4096];
     static const char *const V[] = {"f32", "bf16", "sharded", "mistral"};

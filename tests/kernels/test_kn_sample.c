@@ -31,6 +31,9 @@
  *     the host's uniforms (u [n, K + 2], consumed in sampler_accept's order)
  *     and the rows of the sequences in reverse order (row0), as the engine
  *     lays them out.
+ *  2b. kn_sample_draw (test_draw, V = 100 and 32000) vs sampler_probs +
+ *     sampler_draw with a temperature only, then d2t: same tokens, q within
+ *     1e-6, greedy rows one-hot; in place and with a 64-bit d2t.
  *  4. distribution: 200,000 sequences, V = 8, 3 drafts drawn from q: the
  *     first emitted token ~ p (Leviathan et al. 2023, Theorem 1); chi-square,
  *     6 degrees of freedom (one id has p = 0 and must never appear), fails
@@ -171,9 +174,68 @@ static void test_refusals(void) {
     KN_EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
            "no drafts with k_max 3");
     KN_EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
+    const size_t dneed = kn_sample_draw_scratch_bytes(3, 1000);
+    KN_EXPECT(dneed == (3 * sizeof(kn_sample_params) + 255) / 256 * 256 + need, "draw scratch bytes %zu", dneed);
+    KN_EXPECT(kn_sample_draw(f, f, f, 32, 3, 1000, f, f, f, dneed - 1, NULL) == inval, "draw: small scratch accepted");
+    KN_EXPECT(kn_sample_draw(f, f, f, 16, 3, 1000, f, f, f, dneed, NULL) == inval, "draw: d2t of 16 bits accepted");
+    KN_EXPECT(kn_sample_draw(f, f, NULL, 0, 3, 1000, NULL, f, f, dneed, NULL) == inval, "draw: no out_token accepted");
 }
 
 /* ------------------------------------------------------------ GPU tests */
+
+/* kn_sample_draw (EAGLE-3's sampled drafts, bk_ops.draw) vs sampler_probs + sampler_draw(p, Philox(seed, pos,
+ * 0)) with only a temperature, then d2t: 24 rows (temperatures 0, 1e-6 greedy; 0.5 .. 2 sampled), logits on a
+ * 1/16 grid: the same token on every row, max |q_gpu - q_cpu| <= 1e-6, greedy q one-hot exactly; again with q
+ * written over the logits in place (what the proposer does) and with 64-bit d2t: the same tokens. */
+static void test_draw(int32_t V) {
+    enum { R = 24 };
+    static const float temps[8] = {0.0f, 1e-6f, 0.5f, 0.7f, 0.8f, 1.0f, 1.3f, 2.0f};
+    float *logits = malloc((size_t)R * V * sizeof(float)), *q_gpu = malloc((size_t)R * V * sizeof(float));
+    float *q_cpu = malloc((size_t)V * sizeof(float));
+    int32_t *d2t = malloc((size_t)V * sizeof(int32_t)), tok_gpu[R], tok2[R];
+    int64_t *d2t64 = malloc((size_t)V * sizeof(int64_t));
+    kn_draw_params prm[R];
+    for (size_t i = 0; i < (size_t)R * V; i++) logits[i] = (float)(rnd_int(160) - 120) / 16.0f;
+    for (int32_t i = 0; i < V; i++) d2t[i] = 3 * i + 1, d2t64[i] = 3 * i + 1; /* target id 4 id + 1 */
+    for (int32_t r = 0; r < R; r++) prm[r] = (kn_draw_params){temps[r % 8], 100 + 7 * r, rnd()};
+    float *d_logits = dmalloc_copy(logits, (size_t)R * V * sizeof(float)), *d_q = dmalloc_copy(NULL, (size_t)R * V * 4);
+    kn_draw_params *d_prm = dmalloc_copy(prm, sizeof prm);
+    int32_t *d_d2t = dmalloc_copy(d2t, (size_t)V * 4), *d_tok = dmalloc_copy(NULL, sizeof tok_gpu);
+    int64_t *d_d2t64 = dmalloc_copy(d2t64, (size_t)V * 8);
+    const size_t sb = kn_sample_draw_scratch_bytes(R, V);
+    void *d_scr = dmalloc_copy(NULL, sb);
+    KN_CK(kn_sample_draw(d_logits, d_prm, d_d2t, 32, R, V, d_tok, d_q, d_scr, sb, NULL));
+    KN_CK(cudaMemcpy(tok_gpu, d_tok, sizeof tok_gpu, cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(q_gpu, d_q, (size_t)R * V * 4, cudaMemcpyDeviceToHost));
+    sampler_work *w = sampler_work_create(V);
+    int tok_bad = 0, onehot_bad = 0;
+    double worst = 0;
+    for (int32_t r = 0; r < R; r++) {
+        sampling_params sp;
+        sampling_params_init(&sp);
+        sp.temperature = prm[r].temperature;
+        sampler_hist hh = {NULL, 0, NULL, 0, NULL, 0};
+        const int32_t am = sampler_probs(w, &sp, &hh, logits + (size_t)r * V, q_cpu);
+        const int32_t id = sampler_is_greedy(&sp) ? am : sampler_draw(q_cpu, V, kn_philox_uniform(prm[r].seed, prm[r].pos, 0));
+        tok_bad += tok_gpu[r] != 4 * id + 1;
+        for (int32_t i = 0; i < V; i++) {
+            const double e = fabs((double)q_gpu[(size_t)r * V + i] - q_cpu[i]);
+            worst = e > worst ? e : worst;
+            if (sampler_is_greedy(&sp)) onehot_bad += q_gpu[(size_t)r * V + i] != (i == am ? 1.0f : 0.0f);
+        }
+    }
+    KN_EXPECT(!tok_bad, "draw V=%d: %d of %d tokens differ from sampler_probs + sampler_draw", V, tok_bad, R);
+    KN_EXPECT(worst <= 1e-6 && !onehot_bad, "draw V=%d: max |q_gpu - q_cpu| %g, %d greedy entries not one-hot", V,
+              worst, onehot_bad);
+    /* in place (q over the logits) with the 64-bit map */
+    KN_CK(kn_sample_draw(d_logits, d_prm, d_d2t64, 64, R, V, d_tok, d_logits, d_scr, sb, NULL));
+    KN_CK(cudaMemcpy(tok2, d_tok, sizeof tok2, cudaMemcpyDeviceToHost));
+    KN_EXPECT(!memcmp(tok2, tok_gpu, sizeof tok2), "draw V=%d: in place / 64-bit d2t changed the tokens", V);
+    sampler_work_destroy(w);
+    cudaFree(d_logits), cudaFree(d_q), cudaFree(d_prm), cudaFree(d_d2t), cudaFree(d_tok), cudaFree(d_d2t64);
+    cudaFree(d_scr);
+    free(logits), free(q_gpu), free(q_cpu), free(d2t), free(d2t64);
+}
 
 static void test_philox_device(void) {
     enum { N = 4096 };
@@ -538,6 +600,8 @@ int main(void) {
     test_sampler(100); /* fewer ids than threads */
     test_sampler(1000);
     test_sampler(49152);
+    test_draw(100);
+    test_draw(kn_harness_small() ? 2000 : 32000); /* KN_TEST_SMALL (tools/kn_emu): a 2,000-id vocabulary */
     test_verify_exact(1, 0);
     test_verify_exact(0, 0);
     test_verify_exact(1, 1);

@@ -107,6 +107,8 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g);
 #define kn_sample fake_kn_sample
 #define kn_spec_verify fake_kn_spec_verify
 #define kn_sample_scratch_bytes fake_kn_sample_scratch_bytes
+#define kn_sample_draw fake_kn_sample_draw
+#define kn_sample_draw_scratch_bytes fake_kn_sample_draw_scratch_bytes
 #define kn_philox_uniforms fake_kn_philox_uniforms
 #define kn_mla_latent_write fake_kn_mla_latent_write
 #define kn_mla_attention fake_kn_mla_attention
@@ -134,7 +136,7 @@ extern int fake_kn_add_rmsnorm_calls, fake_kn_calls;
 extern long fake_h2d, fake_d2h, fake_syncs;
 /* device -> host / host -> device bytes copied (cudaMemcpyAsync), and the sampling launches */
 extern size_t fake_d2h_bytes, fake_h2d_bytes;
-extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls;
+extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls, fake_kn_sample_draw_calls;
 /* graphs: launches issued by the host outside a replay (a replayed launch does not count here, a captured one
  * neither), graph launches, launches recorded by captures, graphs alive */
 extern long fake_host_launches, fake_graph_launches, fake_captured_launches;
