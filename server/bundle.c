@@ -201,6 +201,7 @@ static int dev_dims_check(const char *model_path, const specd_config *cfg, dev_d
 typedef struct draft_dims {
     char why[200];
     int64_t n_heads, head_dim;
+    int64_t vocab; /* the draft vocabulary its device draws see (0: no part of the head on this rank) */
     size_t fixed, per_tok;
 } draft_dims;
 
@@ -251,6 +252,7 @@ static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_
     const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17) +
                         4 * (size_t)(chunks * block) * (size_t)featw;
     dd->per_tok = kv_tok;
+    dd->vocab = Vd;
     dd->fixed = (size_t)files + 4 * (size_t)Vl * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +
                 4 * (size_t)Vd + ((size_t)4 << 20); /* + d2t, norms, alignment */
     return 0;
@@ -366,6 +368,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
         if (!dd.why[0]) {
             if (dd.n_heads > o.max_heads) o.max_heads = (int32_t)dd.n_heads;
             if (dd.head_dim > o.max_head_dim) o.max_head_dim = (int32_t)dd.head_dim;
+            o.draw_vocab = (int32_t)dd.vocab; /* sampled drafts' draw scratch, carved at create */
         } else {
             dd.fixed = dd.per_tok = 0;
         }

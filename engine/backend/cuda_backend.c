@@ -717,8 +717,9 @@ _Static_assert(sizeof(bk_draw_param) == sizeof(kn_draw_params) &&
                "bk_draw_param and kn_draw_params differ");
 
 /* bk_ops.draw: kn_sample_draw on the stream in chunks of CU_SAMPLE_CHUNK rows over one scratch (no host
- * transfer; capturable once the scratch fits: a first call outside the capture sizes it, from the arena:
- * ~3 x [32, V] floats, NOT counted by bk_cuda_fixed_bytes). */
+ * transfer; capturable once the scratch fits). The scratch (~3 x [32, V] floats) is carved at create for
+ * opts.draw_vocab (counted by bk_cuda_fixed_bytes); a wider call grows it from the arena outside a capture,
+ * or fails naming the arena. */
 static int cu_draw(void *vctx, const bk_tensor *logits, const bk_draw_param *params, const bk_tensor *d2t,
                    bk_tensor *out, bk_tensor *q) {
     cu_ctx *c = vctx;
@@ -1246,9 +1247,10 @@ size_t bk_cuda_fixed_bytes(const bk_cuda_opts *o) {
     const size_t sampling = o->sample_vocab > 0 ? cu_round(cu_sample_base_bytes(o)) +
                                                       cu_round(kn_sample_scratch_bytes(CU_SAMPLE_CHUNK, o->sample_vocab))
                                                 : 0;
+    const size_t draw = o->draw_vocab > 0 ? cu_round(kn_sample_draw_scratch_bytes(CU_SAMPLE_CHUNK, o->draw_vocab)) : 0;
     const size_t moe = cu_moe_ws_need(o) ? 2 * cu_round(T * (size_t)o->moe_top_k * 4) + cu_round(cu_moe_ws_need(o)) : 0;
     return 2 * cu_round(T * 4) + cu_round((size_t)o->max_seqs * (size_t)cu_bt_cap(o) * 4) + cu_round(T * T) +
-           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling + moe;
+           cu_round(cu_scratch_need(o)) + CU_ALIGN + sampling + draw + moe;
 }
 
 int bk_cuda_probe(int dev, char *why, size_t why_len) { return kn_probe(dev, why, why_len); }
@@ -1338,6 +1340,13 @@ static int cu_create_inner(cu_ctx *c, specd_err *err) {
     if (o->sample_vocab > 0 && cu_sample_reserve(c, cu_sample_base_bytes(o), o->sample_vocab, true) < 0)
         return specd_err_set(err, "arena of %zu bytes cannot hold the sampler's staging and scratch (%zu bytes)",
                              c->arena_bytes, bk_cuda_fixed_bytes(o));
+    if (o->draw_vocab > 0) { /* the draft's draw scratch, before the KV pool takes the rest of the arena */
+        const size_t need = kn_sample_draw_scratch_bytes(CU_SAMPLE_CHUNK, o->draw_vocab);
+        if (!(c->dw_scratch = cu_buf_alloc(c, need)))
+            return specd_err_set(err, "arena of %zu bytes cannot hold the draft's draw scratch (%zu bytes for a "
+                                      "vocabulary of %d)", c->arena_bytes, need, o->draw_vocab);
+        c->dw_scratch_bytes = need;
+    }
     CREATE_CHECK(cudaMemsetAsync(c->d_flags, 0, 2 * sizeof(int32_t), c->stream));
     CREATE_CHECK(cudaStreamSynchronize(c->stream));
 #undef CREATE_CHECK

@@ -47,6 +47,10 @@ typedef struct bk_cuda_opts {
     int32_t sample_vocab;    /* vocabulary of the logits bk_ops.sample sees: its scratch and staging are
                                 carved at create (and counted by bk_cuda_fixed_bytes); 0 = carved by the
                                 first step that samples (then an arena the KV filled can refuse it) */
+    int32_t draw_vocab;      /* the largest logits width of bk_ops.draw calls (a device EAGLE-3 head's draft
+                                vocabulary): its scratch (kn_sample_draw_scratch_bytes of 32 rows) is carved at
+                                create and counted by bk_cuda_fixed_bytes; 0 = carved by the first draw (an arena
+                                the KV filled then refuses it, naming the arena) */
     int32_t mla_kv_lora_rank; /* DeepSeek-V3 MLA: kv_lora_rank of mla_attention calls (its scratch, with
                                  max_tokens / max_heads / max_len); 0 = no MLA */
     /* DeepSeek-V3 MoE: the largest routed-expert count, top-k, hidden size and expert width (this rank's

@@ -36,6 +36,7 @@
 #include "tests/backend/cuda_fake/cuda_runtime_api.h"
 #include "engine/backend/cuda_backend.h"
 #include "kernels/kn_philox.h"
+#include "kernels/kn_sample.h"
 
 static int n_fail;
 #define EXPECT(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); n_fail++; } } while (0)
@@ -278,6 +279,48 @@ out:
     model_destroy(rc.m), model_destroy(rd.m);
 }
 
+/* opts.draw_vocab: the draw scratch is carved at create and counted by bk_cuda_fixed_bytes, so a draw still
+ * runs once the rest of the arena is taken (as the KV pool takes it); without it the first draw needs arena
+ * room and is refused naming the arena. */
+static void test_draw_carved(const bk_cuda_opts *base) {
+    enum { T = 3, V = 5000 };
+    specd_err err = {{0}};
+    for (int carve = 0; carve < 2; carve++) {
+        bk_cuda_opts o = *base;
+        o.arena_bytes = (size_t)16 << 20;
+        o.draw_vocab = carve ? V : 0;
+        const size_t plain = bk_cuda_fixed_bytes(&(bk_cuda_opts){.device = 0, .arena_bytes = o.arena_bytes,
+                                                                 .max_tokens = o.max_tokens, .max_seqs = o.max_seqs,
+                                                                 .max_len = o.max_len, .block_size = o.block_size,
+                                                                 .max_heads = o.max_heads, .max_head_dim = o.max_head_dim});
+        EXPECT(bk_cuda_fixed_bytes(&o) >= plain + (carve ? kn_sample_draw_scratch_bytes(32, V) : 0),
+               "fixed bytes %zu must count the draw scratch (%zu without)", bk_cuda_fixed_bytes(&o), plain);
+        backend *d = bk_cuda_create(&o, &err);
+        if (!d) { EXPECT(0, "backend: %s", err.msg); continue; }
+        bk_tensor x, q, id, pr;
+        EXPECT(bk_tensor_alloc(d, BK_F32, T, V, &x) == 0 && bk_tensor_alloc(d, BK_F32, T, V, &q) == 0 &&
+                   bk_tensor_alloc(d, BK_I32, T, 1, &id) == 0 &&
+                   bk_tensor_alloc(d, BK_I32, T * (int64_t)sizeof(bk_draw_param) / 4, 1, &pr) == 0, "tensors");
+        bk_draw_param prm[T];
+        for (int t = 0; t < T; t++) prm[t] = (bk_draw_param){0.8f, 5 + t, 77u + (uint64_t)t};
+        d->ops->upload(d->ctx, pr.data, prm, sizeof prm);
+        /* the KV pool's role: take (almost) everything that is left, 256-byte granules */
+        size_t left = o.arena_bytes - bk_cuda_arena_used(d);
+        void *fill = NULL;
+        while (left >= 4096 && !(fill = d->ops->buf_alloc(d->ctx, left))) left -= 4096;
+        EXPECT(fill && o.arena_bytes - bk_cuda_arena_used(d) < 8192, "arena filled (%zu left)",
+               o.arena_bytes - bk_cuda_arena_used(d));
+        const int rc = d->ops->draw(d->ctx, &x, pr.data, NULL, &id, &q);
+        const char *why = d->ops->last_error ? d->ops->last_error(d->ctx) : "";
+        if (carve)
+            EXPECT(rc == 0, "carved draw scratch: a draw runs with the arena full (%s)", why);
+        else
+            EXPECT(rc != 0 && why && strstr(why, "arena"), "uncarved: the first draw is refused naming the arena (%d, %s)",
+                   rc, why ? why : "");
+        bk_cuda_destroy(d);
+    }
+}
+
 int main(void) {
     cpu = bk_cpu_create(0);
     specd_err err = {{0}};
@@ -294,6 +337,7 @@ int main(void) {
     test_arena();
     test_ops();
     test_draw();
+    test_draw_carved(&o);
     const char *mini = getenv("MODEL_HF_MINI_DIR"), *gguf = getenv("SPECD_MODEL_GGUF");
     char p[4096];
     static const char *const V[] = {"f32", "bf16", "sharded", "mistral"};
