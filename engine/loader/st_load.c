@@ -60,16 +60,17 @@ int st_plan_whole(st_plan *p, const st_model *m, const st_tensor *t, specd_err *
 
 int st_plan_rows(st_plan *p, const st_model *m, const st_tensor *t, int64_t row0, int64_t nrows, specd_err *err) {
     if (t->n_dims < 1 || t->shape[0] <= 0 || row0 < 0 || nrows < 0 || row0 + nrows > t->shape[0])
-        return specd_err_set(err, "load plan: rows [%lld, %lld) of tensor '%s' with %lld rows", (long long)row0,
-                             (long long)(row0 + nrows), t->name, (long long)(t->n_dims ? t->shape[0] : 0));
+        return specd_err_set(err, "load plan: %s: rows [%lld, %lld) of tensor '%s' with %lld rows",
+                             st_shard_name(m, t->shard), (long long)row0, (long long)(row0 + nrows), t->name,
+                             (long long)(t->n_dims ? t->shape[0] : 0));
     const uint64_t rb = t->nbytes / (uint64_t)t->shape[0];
     return plan_add(p, t->shard, st_tensor_file_offset(m, t) + (uint64_t)row0 * rb, (uint64_t)nrows * rb, err);
 }
 
 int st_plan_row_parts(st_plan *p, const st_model *m, const st_tensor *t, int64_t part, int64_t n, specd_err *err) {
     if (t->n_dims < 1 || t->shape[0] <= 0 || n < 1 || part < 0 || part >= n || (t->nbytes / (uint64_t)t->shape[0]) % (uint64_t)n)
-        return specd_err_set(err, "load plan: part %lld of %lld of the rows of tensor '%s'", (long long)part, (long long)n,
-                             t->name);
+        return specd_err_set(err, "load plan: %s: part %lld of %lld of the rows of tensor '%s'", st_shard_name(m, t->shard),
+                             (long long)part, (long long)n, t->name);
     const uint64_t rb = t->nbytes / (uint64_t)t->shape[0], len = rb / (uint64_t)n, base = st_tensor_file_offset(m, t);
     for (int64_t r = 0; r < t->shape[0]; r++)
         if (plan_add(p, t->shard, base + (uint64_t)r * rb + (uint64_t)part * len, len, err) < 0) return -1;

@@ -86,9 +86,13 @@ static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32
         }
         const bool kv = has_suffix(nm, "self_attn.k_proj.weight") || has_suffix(nm, "self_attn.v_proj.weight");
         if (kv && N > 1 && hc->n_kv_heads % N && N % hc->n_kv_heads == 0) {
-            /* fewer KV heads than ranks: the one head this rank's q heads use (tp_shard.c kv_h0) */
+            /* fewer KV heads than ranks: the one head this rank's q heads use (tp_shard.c kv_h0). Only when the
+             * header's shape is the [n_kv_heads * head_dim, hidden] the config implies; else the tensor is read
+             * whole and the loader refuses its shape with the file named (a plan error would name neither) */
             const int64_t h0 = r / (N / hc->n_kv_heads);
-            if (st_plan_rows(p, st, t, h0 * hc->head_dim, hc->head_dim, err) < 0) return -1;
+            const bool fits = t->n_dims == 2 && t->shape[0] == (int64_t)hc->n_kv_heads * hc->head_dim;
+            if ((fits ? st_plan_rows(p, st, t, h0 * hc->head_dim, hc->head_dim, err) : st_plan_whole(p, st, t, err)) < 0)
+                return -1;
             continue;
         }
         const tp_style s = model_linear_parallel(nm);
