@@ -1070,8 +1070,10 @@ int specd_tp_worker_main(int argc, char **argv) {
         int32_t aux[8];
         int32_t n_aux = 0;
         if (dprop && dprop->ops->aux_layers) n_aux = dprop->ops->aux_layers(dprop->ctx, aux);
-        if (n_aux < 0 || n_aux > 8) {
-            LOG_ERROR("specd worker rank %d: draft: %d aux layers", w.rank, n_aux);
+        if (n_aux < 0 || n_aux > 8) { /* the group's reason, as rank 0's bundle_graphs would refuse */
+            specd_err_set(&err, "draft: %d aux layers", n_aux);
+            LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
+            comm_abort(c, err.msg);
             goto out;
         }
         int32_t q[2];
