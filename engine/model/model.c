@@ -206,11 +206,15 @@ loaded:
     m->load_info.bytes_loaded = m->weight_bytes;
     {
         const model_load_info *li = &m->load_info;
-        LOG_INFO("rank %d/%d: loaded %.3f GB in %.2f s (%.2f GB/s), read %.3f GB of %.3f GB in files%s", m->tp_rank,
-                 m->tp_size, (double)li->bytes_loaded * 1e-9, li->seconds,
-                 li->seconds > 0 ? (double)li->bytes_loaded * 1e-9 / li->seconds : 0.0, (double)li->bytes_read * 1e-9,
-                 (double)li->bytes_files * 1e-9,
-                 m->gguf ? " (GGUF: mapped, read as used)" : m->load_lazy ? " (lazy: mapped, read as used)" : "");
+        if (m->gguf || m->load_lazy) /* nothing read up front: a rate would only measure the mapping */
+            LOG_INFO("rank %d/%d: mapped %.3f GB in %.2f s (%s: pages read as used, no load rate), %.3f GB in files",
+                     m->tp_rank, m->tp_size, (double)li->bytes_loaded * 1e-9, li->seconds, m->gguf ? "GGUF" : "lazy",
+                     (double)li->bytes_files * 1e-9);
+        else
+            LOG_INFO("rank %d/%d: loaded %.3f GB in %.2f s (%.2f GB/s), read %.3f GB of %.3f GB in files", m->tp_rank,
+                     m->tp_size, (double)li->bytes_loaded * 1e-9, li->seconds,
+                     li->seconds > 0 ? (double)li->bytes_loaded * 1e-9 / li->seconds : 0.0,
+                     (double)li->bytes_read * 1e-9, (double)li->bytes_files * 1e-9);
     }
     LOG_INFO("model %s: %s, %d layers, hidden %d, heads %d/%d, vocab %d, KV %d blocks x %d tokens (%.1f MiB)", path,
              m->cfg.name, m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.vocab, m->n_blocks,
