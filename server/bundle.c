@@ -649,11 +649,18 @@ static int bundle_tp_graphs(comm *c, model *m, const model_graph_opts *go, int r
 /* Captures the target's CUDA graphs (model_graphs_capture) once the model and its draft are loaded and
  * before the engine reads the KV pool (the padding block leaves it). A failure is a refusal to start at TP 1;
  * at TP > 1 it turns graphs off on every rank (bundle_tp_graphs). */
+/* The target layers whose input a device draft (proposer `p`, NULL: none) reads: aux[0 .. return) (at most 8),
+ * which the target's graphs must capture; -1 with the reason for a count out of range. */
+static int32_t draft_graph_aux(const spec_proposer *p, int32_t aux[8], specd_err *err) {
+    const int32_t n = p && p->ops->aux_layers ? p->ops->aux_layers(p->ctx, aux) : 0;
+    if (n < 0 || n > 8) return specd_err_set(err, "draft: %d aux layers", n);
+    return n;
+}
+
 static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *err) {
     int32_t aux[8];
-    int32_t n_aux = 0;
-    if (b->proposer && b->proposer->ops->aux_layers) n_aux = b->proposer->ops->aux_layers(b->proposer->ctx, aux);
-    if (n_aux < 0 || n_aux > 8) return specd_err_set(err, "draft: %d aux layers", n_aux);
+    const int32_t n_aux = draft_graph_aux(b->proposer, aux, err);
+    if (n_aux < 0) return -1;
     int32_t q[2];
     model_graph_opts go = bundle_graph_opts(cfg, &b->spec, b->graph_buckets, b->n_graph_buckets, b->max_model_len,
                                             n_aux, aux, q);
@@ -1068,10 +1075,8 @@ int specd_tp_worker_main(int argc, char **argv) {
     if (!strcmp(wb.device, "cuda") && wb.n_graph_buckets > 0) { /* rank 0's bundle_graphs at the same point */
         /* a device draft shard reads the aux rows from this rank's own buffer: its graphs capture them too */
         int32_t aux[8];
-        int32_t n_aux = 0;
-        if (dprop && dprop->ops->aux_layers) n_aux = dprop->ops->aux_layers(dprop->ctx, aux);
-        if (n_aux < 0 || n_aux > 8) { /* the group's reason, as rank 0's bundle_graphs would refuse */
-            specd_err_set(&err, "draft: %d aux layers", n_aux);
+        const int32_t n_aux = draft_graph_aux(dprop, aux, &err);
+        if (n_aux < 0) { /* the group's reason, as rank 0's bundle_graphs refuses */
             LOG_ERROR("specd worker rank %d: %s", w.rank, err.msg);
             comm_abort(c, err.msg);
             goto out;
