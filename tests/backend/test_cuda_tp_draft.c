@@ -140,11 +140,7 @@ static int worker_main(int argc, char **argv) {
     }
     if (tp_worker_run_dev(c, wc.m, dev, on_dev ? w_mirror : w_split, &wc, &err) == 0) rc = 0;
 out:
-    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-    if (on_dev && fake_violations) {
-        fprintf(stderr, "tp worker rank %d: %d host pointers reached device ops\n", w.rank, fake_violations);
-        rc = 1;
-    }
+    rc = tp_fake_worker_verdict(rc, err.msg, w.rank, on_dev, fake_violations);
     eagle3_destroy(wc.sp);
     eagle3_head_destroy(wc.head);
     model_destroy(wc.m);

@@ -136,11 +136,7 @@ static int worker_main(int argc, char **argv) {
             rc = 1;
         }
     }
-    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-    if (on_dev && fake_violations) {
-        fprintf(stderr, "tp worker rank %d: %d host pointers reached device ops\n", w.rank, fake_violations);
-        rc = 1;
-    }
+    rc = tp_fake_worker_verdict(rc, err.msg, w.rank, on_dev, fake_violations);
     model_destroy(m);
     tp_dev_comm_close(dev);
     if (be) on_dev ? bk_cuda_destroy(be) : bk_cpu_destroy(be);

@@ -76,8 +76,7 @@ static int worker_main(int argc, char **argv) {
         comm_abort(c, err.msg[0] ? err.msg : "no backend");
     else if (tp_worker_run_dev(c, m, dev, NULL, NULL, &err) == 0)
         rc = 0;
-    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", w.rank, err.msg);
-    if (on_dev && fake_violations) rc = 1;
+    rc = tp_fake_worker_verdict(rc, err.msg, w.rank, on_dev, fake_violations);
     model_destroy(m);
     tp_dev_comm_close(dev);
     if (be) on_dev ? bk_cuda_destroy(be) : bk_cpu_destroy(be);

@@ -7,6 +7,7 @@
 #define SPECD_TESTS_TP_FAKE_UTIL_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,18 @@
 static inline tp_comm_kind tp_fake_dev_comm(void) {
     const char *e = getenv("SPECD_TP_TEST_COMM");
     return e && !strcmp(e, "cuda_ipc") ? TP_COMM_CUDA_IPC : TP_COMM_SHM;
+}
+
+/* A worker's verdict at exit: its error (when rc != 0) and, on the device, the host pointers that reached
+ * device ops (`violations`: the fake's fake_violations, passed in because a GPU build of a test has none).
+ * Returns rc, or 1 when any host pointer reached a device op. */
+static inline int tp_fake_worker_verdict(int rc, const char *why, int rank, bool on_dev, int violations) {
+    if (rc) fprintf(stderr, "tp worker rank %d: %s\n", rank, why);
+    if (on_dev && violations) {
+        fprintf(stderr, "tp worker rank %d: %d host pointers reached device ops\n", rank, violations);
+        rc = 1;
+    }
+    return rc;
 }
 
 /* Rank 0's end of a group (any argument may be NULL): the workers are shut down first, then the device
