@@ -105,18 +105,21 @@ static int parse_rope(const json_t *lc, eagle3_config *c, specd_err *err) {
         return -1;
     if (!strcmp(type, "default")) return 0;
     if (!(f >= 1.0) || f > 1024) return specd_err_set(err, "config.json: rope_scaling factor %g is out of range", f);
+    if (!(om >= 1) || om > 1e8)
+        return specd_err_set(err, "config.json: rope_scaling original_max_position_embeddings %g is out of range", om);
     if (!strcmp(type, "linear")) {
         c->rope_type = EAGLE3_ROPE_LINEAR;
     } else if (!strcmp(type, "llama3")) {
-        if (!(lo > 0) || !(hi > lo) || !(om >= 1) || om > 1e8)
+        if (!(lo > 0) || !(hi > lo) || hi > 1e6)
             return specd_err_set(err, "config.json: llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor");
         c->rope_type = EAGLE3_ROPE_LLAMA3;
     } else {
         return specd_err_set(err, "config.json: rope_scaling type '%s' is not supported (default, linear, llama3)", type);
     }
     c->rope_factor = (float)f;
-    c->rope_low_freq_factor = (float)lo;
-    c->rope_high_freq_factor = (float)hi;
+    /* linear scaling reads only the factor: the llama3 fields keep their defaults there */
+    c->rope_low_freq_factor = c->rope_type == EAGLE3_ROPE_LLAMA3 ? (float)lo : 1.0f;
+    c->rope_high_freq_factor = c->rope_type == EAGLE3_ROPE_LLAMA3 ? (float)hi : 4.0f;
     c->rope_orig_max_pos = (int32_t)om;
     return 0;
 }

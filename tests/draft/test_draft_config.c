@@ -175,6 +175,10 @@ static void test_refusals(void **state) {
                 " \"vocab_size\": 200}", "out of range");
     parse_fails("{\"draft_vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 128,"
                 " \"vocab_size\": 200, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "yarn");
+    /* fuzz finding: a linear rope_scaling with a huge original_max_position_embeddings overflowed int32 */
+    parse_fails("{\"draft_vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 128,"
+                " \"vocab_size\": 200, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2,"
+                " \"original_max_position_embeddings\": 8.1e93}}", "original_max_position_embeddings");
     parse_fails("{\"draft_vocab_size\": 100, \"hidden_size\": 64, \"num_attention_heads\": 4, \"intermediate_size\": 128,"
                 " \"vocab_size\": 200, \"eagle_aux_hidden_state_layer_ids\": [1, -2, 3]}", "not a layer id");
     parse_fails("{\"draft_vocab_size\": 1, \"draft_vocab_size\": 2}", "invalid JSON");
