@@ -52,6 +52,17 @@
  *     position n - 1 on must then be re-sent with extend (re-sending from 0 is
  *     always fine: positions the draft already holds are skipped). Until they
  *     are, propose returns -1 for the sequence.
+ *   - extend_slots (opts.feat_cache, the device feature cache): extend with
+ *     the features in the pool row of each position's TARGET KV slot (the
+ *     engine passes the sequence's block table). With features from the
+ *     target's aux buffer they are written there first, for every position
+ *     given (the cache fill does not depend on the draft's state); a
+ *     prefix-cache hit passes aux_row0 = -1: the positions' features are
+ *     already in the slots of the shared blocks. The draft's window then
+ *     reads those rows until its pairs settle; the engine never frees a
+ *     sequence's KV blocks without truncate / free_seq of that sequence in
+ *     the same step (preemption, finish), and commits only positions whose
+ *     blocks it keeps.
  *   - seed_seq(seq, seed): the sequence's sampled drafts draw with Philox
  *     keyed by SEED, counter = the drafted token's position (kernels/
  *     kn_philox.h; bk_ops.draw), so a seeded request's drafts are the same
@@ -94,6 +105,12 @@ typedef struct eagle3_opts {
     int32_t feat_chunks;   /* device backends: chunks (of the KV block size in rows) of the feature pool the
                             * pending pairs' features wait in; <= 0: 2 (max_rows / bs + 1) + max_seqs
                             * (ceil((max_k + 2) / bs) + 1) */
+    bool feat_cache;       /* device backends with aux_rows > 0: the feature pool is the device feature cache
+                            * instead (proposer.h feat_cache_slots / extend_slots): one row per target KV
+                            * slot (the target's n_blocks x block_size rows of n_aux x H f32, allocated here
+                            * once; the bundle's plan counts it per KV token), so a prefix-cache hit feeds
+                            * the draft the cached positions' features with no copy; feat_chunks is unused.
+                            * Not with tensor parallelism (the mirror does not carry block tables) */
     backend *be;           /* backend the head computes on (not owned); NULL = the target's. On the
                             * target's device backend the head shares the target's placed embedding (and
                             * LM head when it uses it whole) and keeps weights, KV and buffers in device

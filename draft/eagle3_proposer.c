@@ -43,6 +43,14 @@
  * sampled draft (temperature > 0 with q wanted) draws on the device but
  * brings its q rows [rows, Vd] to the host (the engine verifies those chains
  * there over a host q).
+ * The device feature cache (opts.feat_cache, proposer.h extend_slots): the
+ * pool is instead one row per TARGET KV slot, so the chunk of a sequence's
+ * positions [c * bs, (c + 1) * bs) is the target's KV block c of that
+ * sequence: the copies that fill the window fill the cache, a KV block the
+ * prefix cache shares carries its features with it, and a prefix-cache hit
+ * is fed with no copy (its positions' rows are already there). Its rows
+ * live as long as the target's KV: this proposer never allocates or frees
+ * them (fb is the target's block table).
  * Device tensor parallelism (eagle3_tp_prop.c): every rank runs this proposer
  * on its shard of the head; rank 0's posts each engine call (mirror) to the
  * workers before running it, so all ranks hold the same state.
@@ -112,6 +120,10 @@ typedef struct e3_proposer {
     e3_buf fidx;               /* I32 [max_rows]         pool rows of a chunk of pairs (gather indices) */
     int32_t fc, n_fchunks;
     int32_t *ffree, n_ffree;   /* free chunk ids (a stack) */
+    bool slots;                /* opts.feat_cache: fpool is the device feature cache, F32 [n_fchunks * fc, featw]
+                                * with chunk = the TARGET's KV block id (n_fchunks = its n_blocks): a sequence's
+                                * fb is the target's block table (fb_first 0), written by extend_slots only;
+                                * nothing is allocated or freed from it (the block manager owns its rows) */
     bk_tensor src_aux;         /* the target's fixed aux buffer (model_aux_device), data NULL when none */
     bool pool_warned;
     /* CUDA graphs of the chain (eagle3_graphs_capture): per row bucket B, per step count k in 1 .. gk, per
@@ -194,7 +206,7 @@ static int32_t feat_row(const e3_proposer *P, const e3_seq *s, int32_t t) {
 /* Gives back the chunks outside the window [n_kv, n_feat): those wholly before n_kv, and those at or past
  * n_feat (after a truncate). */
 static void feat_release(e3_proposer *P, e3_seq *s) {
-    if (!P->fpool.p) return;
+    if (!P->fpool.p || P->slots) return; /* the cache's rows belong to the target's blocks */
     const int32_t lo = s->n_kv / P->fc, hi = s->n_feat > s->n_kv ? (s->n_feat - 1) / P->fc + 1 : lo;
     int32_t drop = 0;
     while (drop < s->n_fb && s->fb_first + drop < lo) P->ffree[P->n_ffree++] = s->fb[drop++];
@@ -209,6 +221,7 @@ static void feat_release(e3_proposer *P, e3_seq *s) {
 /* The chunk of position t held (t is n_feat: the next feature). -1 when the pool is empty. */
 static int feat_cover(e3_proposer *P, e3_seq *s, int32_t t) {
     const int32_t c = t / P->fc;
+    if (P->slots) return c < s->n_fb ? 0 : -1; /* the cache: the target's block, given by extend_slots */
     if (s->n_fb == 0) s->fb_first = c;
     while (s->fb_first + s->n_fb <= c) {
         if (P->n_ffree == 0) return -1;
@@ -429,6 +442,9 @@ static int extend_tokens(e3_proposer *P, e3_seq *s, const int32_t *tokens, int32
  * pending pairs (their windows then hold only their last pair), which the next propose would have run. */
 static int feat_cover_or_run(e3_proposer *P, e3_seq *s, int32_t t, specd_err *err) {
     if (feat_cover(P, s, t) == 0) return 0;
+    if (P->slots)
+        return specd_err_set(err, "eagle3 extend: sequence %lld: no target KV block for position %d in the feature "
+                                  "cache (extend_slots gives the block table)", (long long)s->id, t);
     if (run_pairs(P, P->seqs, P->n_seqs, NULL, NULL, NULL, err) < 0) return -1;
     if (feat_cover(P, s, t) == 0) return 0;
     if (!P->pool_warned) {
@@ -487,6 +503,9 @@ static int op_extend(void *ctx, int64_t id, const int32_t *tokens, int32_t n, in
     e3_proposer *P = ctx;
     if (n <= 0) return 0;
     if (pos0 < 0 || !tokens) return specd_err_set(err, "eagle3 extend: bad arguments");
+    if (aux && P->slots)
+        return specd_err_set(err, "eagle3 extend: the draft's features live in the device feature cache "
+                                  "(eagle3_opts.feat_cache): they come with extend_slots, not as host rows");
     if (P->mirror && e3m_post_extend(P->mirror, id, tokens, n, pos0, aux, P->featw, false, 0, err) < 0) return -1;
     e3_seq *s = seq_get(P, id);
     if (!s) return specd_err_set(err, "out of memory");
@@ -505,6 +524,9 @@ static int op_extend_rows(void *ctx, int64_t id, const int32_t *tokens, int32_t 
     if (pos0 < 0 || !tokens || row0 < 0) return specd_err_set(err, "eagle3 extend: bad arguments");
     if (!P->fpool.p || !P->src_aux.data)
         return specd_err_set(err, "eagle3 extend_rows: the head has no device feature pool or target aux buffer");
+    if (P->slots)
+        return specd_err_set(err, "eagle3 extend_rows: the draft's feature pool is the device feature cache: use "
+                                  "extend_slots (it needs the target's block table)");
     if ((int64_t)row0 + n > P->src_aux.rows)
         return specd_err_set(err, "eagle3 extend_rows: rows %d..%d outside the target's aux buffer of %lld", row0,
                              row0 + n - 1, (long long)P->src_aux.rows);
@@ -514,6 +536,56 @@ static int op_extend_rows(void *ctx, int64_t id, const int32_t *tokens, int32_t 
     if (extend_tokens(P, s, tokens, n, pos0, err) < 0 || extend_feats(P, s, n, pos0, NULL, row0, err) < 0) return -1;
     if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, NULL, err);
     return 0;
+}
+
+/* extend with the features in the device feature cache, one row per target KV slot (proposer.h extend_slots):
+ * the cache fill first (rows row0.. of the target's aux buffer into the positions' slots, one device copy per
+ * block run), then the tokens and the window, which reads those same rows (no copy of its own). */
+static int op_extend_slots(void *ctx, int64_t id, const int32_t *tokens, int32_t n, int32_t pos0, int32_t row0,
+                           const int32_t *blocks, int32_t n_blocks, specd_err *err) {
+    e3_proposer *P = ctx;
+    if (n <= 0) return 0;
+    if (!P->slots) return specd_err_set(err, "eagle3 extend_slots: the head has no device feature cache (feat_cache)");
+    if (P->mirror) /* eagle3_tp_load never sets feat_cache; the mirror does not carry block tables */
+        return specd_err_set(err, "eagle3 extend_slots: no device feature cache at tensor parallelism");
+    if (pos0 < 0 || !tokens || !blocks || n_blocks < 0 || (int64_t)n_blocks * P->fc < (int64_t)pos0 + n)
+        return specd_err_set(err, "eagle3 extend_slots: positions %d..%d, a block table of %d blocks of %d", pos0,
+                             pos0 + n - 1, n_blocks, P->fc);
+    for (int32_t b = (pos0 / P->fc); b < n_blocks && b <= (pos0 + n - 1) / P->fc; b++)
+        if (blocks[b] < 0 || blocks[b] >= P->n_fchunks)
+            return specd_err_set(err, "eagle3 extend_slots: KV block id %d outside the target's %d", blocks[b],
+                                 P->n_fchunks);
+    if (row0 >= 0 && (!P->src_aux.data || (int64_t)row0 + n > P->src_aux.rows))
+        return specd_err_set(err, "eagle3 extend_slots: rows %d..%d outside the target's aux buffer of %lld", row0,
+                             row0 + n - 1, (long long)P->src_aux.rows);
+    e3_seq *s = seq_get(P, id);
+    if (!s || grow((void **)&s->fb, &s->fb_cap, n_blocks > 0 ? n_blocks : 1, sizeof(int32_t)) < 0)
+        return specd_err_set(err, "out of memory");
+    memcpy(s->fb, blocks, sizeof(int32_t) * (size_t)n_blocks); /* the window reads its rows through it */
+    s->n_fb = n_blocks, s->fb_first = 0;
+    const int32_t fw = P->featw;
+    for (int32_t i = 0; row0 >= 0 && i < n;) { /* the cache fill: every position given, whatever the window */
+        const int32_t p = pos0 + i, len = P->fc - p % P->fc < n - i ? P->fc - p % P->fc : n - i;
+        bk_tensor d = bk_wrap_f32((float *)P->fpool.p + ((size_t)blocks[p / P->fc] * P->fc + (size_t)(p % P->fc)) * fw,
+                                  len, fw);
+        bk_tensor src = bk_rows(P->src_aux, row0 + i, len);
+        if (P->be->ops->copy_cols(P->be->ctx, &d, 0, &src) < 0)
+            return specd_err_set(err, "eagle3 extend_slots: copying %d feature rows into the cache failed", len);
+        i += len;
+    }
+    if (extend_tokens(P, s, tokens, n, pos0, err) < 0) return -1;
+    if (pos0 > s->n_feat)
+        return specd_err_set(err, "eagle3 extend: sequence %lld has features up to %d, extend gives %d.. (gap)",
+                             (long long)id, s->n_feat, pos0);
+    if (pos0 + n > s->n_feat) s->n_feat = pos0 + n;
+    /* bound the window as the chunk pool does (the same runs, so the same draft KV) */
+    if (seq_last_pair(s) - s->n_kv >= P->opts.max_rows) return run_pairs(P, &s, 1, NULL, NULL, NULL, err);
+    return 0;
+}
+
+static int64_t op_feat_cache_slots(void *ctx) {
+    const e3_proposer *P = ctx;
+    return P->slots ? (int64_t)P->n_fchunks * P->fc : 0;
 }
 
 int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp, double u, float *q) {
@@ -1109,6 +1181,8 @@ static const spec_proposer_ops EAGLE3_OPS = {
     .aux_layers = op_aux_layers,
     .extend = op_extend,
     .extend_rows = op_extend_rows,
+    .feat_cache_slots = op_feat_cache_slots,
+    .extend_slots = op_extend_slots,
     .propose = op_propose,
     .truncate = op_truncate,
     .seed_seq = op_seed_seq,
@@ -1184,7 +1258,17 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
          * a window of k_max + 2 rows across two chunks (eagle3_opts.feat_chunks) */
         P->fc = eagle3_head_kv(P->head).block_size;
         const int32_t fc = P->fc;
-        P->n_fchunks = P->opts.feat_chunks > 0
+        /* or, with feat_cache, the device feature cache: one chunk per target KV block (the target's block size
+         * is the head's KV block size), rows = the target's KV slots */
+        P->slots = P->opts.feat_cache;
+        if (P->slots && (P->opts.aux_rows <= 0 || model_backend(target) != P->be || P->opts.tp_comm)) {
+            specd_err_set(err, "eagle3: the device feature cache needs the head on its target's device backend with "
+                               "the target's aux buffer (aux_rows > 0), and no tensor parallelism");
+            eagle3_destroy(&P->pub);
+            return -1;
+        }
+        P->n_fchunks = P->slots ? model_kv_n_blocks(target)
+                       : P->opts.feat_chunks > 0
                            ? P->opts.feat_chunks
                            : 2 * ((P->opts.max_rows + fc - 1) / fc + 1) + P->opts.max_seqs * ((P->opts.max_k + 2 + fc - 1) / fc + 1);
         const size_t pool = (size_t)P->n_fchunks * (size_t)fc * (size_t)P->featw * 4;
@@ -1192,14 +1276,19 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
         P->fpool.p = P->ffree ? P->be->ops->buf_alloc(P->be->ctx, pool) : NULL;
         P->fidx.p = P->fpool.p ? P->be->ops->buf_alloc(P->be->ctx, R * 4) : NULL;
         if (!P->fidx.p) {
-            specd_err_set(err, "cannot allocate the draft's feature pool (%d chunks of %d rows: %zu bytes of %s memory)",
-                          P->n_fchunks, fc, pool, P->be->name);
+            if (P->slots)
+                specd_err_set(err, "cannot allocate the draft's device feature cache (the target's %d KV blocks of %d "
+                                   "slots x %d floats: %zu bytes of %s memory; the plan counts it per KV token with "
+                                   "prefix caching)", P->n_fchunks, fc, P->featw, pool, P->be->name);
+            else
+                specd_err_set(err, "cannot allocate the draft's feature pool (%d chunks of %d rows: %zu bytes of %s "
+                                   "memory)", P->n_fchunks, fc, pool, P->be->name);
             eagle3_destroy(&P->pub);
             return -1;
         }
         P->fpool.cap = pool, P->fidx.cap = R * 4;
-        for (int32_t i = 0; i < P->n_fchunks; i++) P->ffree[i] = P->n_fchunks - 1 - i;
-        P->n_ffree = P->n_fchunks;
+        for (int32_t i = 0; i < P->n_fchunks && !P->slots; i++) P->ffree[i] = P->n_fchunks - 1 - i;
+        P->n_ffree = P->slots ? 0 : P->n_fchunks;
         /* the target leaves its aux capture in a fixed device buffer the pool copies from (extend_rows) */
         int32_t layers[EAGLE3_MAX_AUX];
         const int32_t na = eagle3_head_aux_layers(P->head, layers);

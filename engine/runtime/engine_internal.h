@@ -130,6 +130,9 @@ struct engine {
     int32_t aux_layers[8];
     float *aux; size_t cap_aux_rows;                      /* [n_tokens, n_aux * hidden] (host aux only) */
     bool aux_on_dev;                                      /* aux left on the device (runner.aux_dev + extend_rows) */
+    bool feat_slots;      /* aux on the device and the proposer's feature pool is the device feature cache
+                             (proposer.h extend_slots: one row per KV slot, shared like the KV): every feed
+                             passes the block table, a prefix-cache hit is fed from the cached rows */
     int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
     sched_seq **p_seqs;
     float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */
@@ -191,7 +194,8 @@ void spec_extend_sampled(engine *e, sched_seq *s, int32_t tok, int32_t pos);
 /* After a forward: stores every batch token's aux features at its KV slot. */
 void spec_aux_store(engine *e);
 /* After a prefix-cache hit of HIT tokens: feeds the proposer those tokens with
- * their stored features. False if that is impossible (no aux pool). */
+ * their stored features (the host aux_pool, or the device feature cache).
+ * False if that is impossible (neither). */
 bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit);
 bool spec_prefix_hits_ok(const engine *e);
 /* spec_adapt.c: adaptive speculation (see spec_adapt.h). */

@@ -37,6 +37,24 @@ typedef struct spec_proposer_ops {
      * before the next forward. Used when engine_runner.aux_dev is set. */
     int (*extend_rows)(void *ctx, int64_t seq_id, const int32_t *tokens, int32_t n, int32_t pos0, int32_t aux_row0,
                        specd_err *err);
+    /* Optional: the device feature cache. feat_cache_slots returns the rows of
+     * the proposer's feature pool when that pool is indexed by the TARGET's
+     * KV slots (row b * block_size + p % block_size holds the features of the
+     * position whose KV is in slot p % block_size of target block b), else
+     * 0. Such a pool is shared exactly like the KV: the block manager's
+     * prefix cache, eviction and refcounts govern it, and nothing in the
+     * proposer allocates or frees its rows. extend_slots is then the only way
+     * features reach it: the same as extend_rows for positions [pos0, pos0 +
+     * n), whose KV slots are given by blocks[0 .. n_blocks) (the target's
+     * block table of the sequence, covering pos0 + n - 1); with aux_row0 >= 0
+     * the features are rows [aux_row0, aux_row0 + n) of the target's device
+     * aux buffer and are copied into those slots (device to device) whatever
+     * the sequence's draft state; with aux_row0 < 0 they are already there (a
+     * prefix-cache hit: the sequence that computed those KV blocks left its
+     * features in the same slots) and nothing is copied. */
+    int64_t (*feat_cache_slots)(void *ctx);
+    int (*extend_slots)(void *ctx, int64_t seq_id, const int32_t *tokens, int32_t n, int32_t pos0, int32_t aux_row0,
+                        const int32_t *blocks, int32_t n_blocks, specd_err *err);
     /* Proposes k[i] tokens for each of n sequences: out_tokens[i*k_max + j]
      * (target ids); out_q (if not NULL) [n, k_max, vocab_target] f32 draft
      * probabilities (zero outside the draft vocabulary). */

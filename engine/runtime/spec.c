@@ -45,7 +45,15 @@
  * leaves the aux rows in the model's fixed device buffer, the proposer is
  * told which rows (extend_rows, row sched_t0 = position n_computed of the
  * step) and copies them on the device; e->aux and the host aux_pool are not
- * used, so prefix-cache hits are not taken for speculating sequences.
+ * used. The device feature cache (feat_slots: the proposer's feat_cache_slots
+ * covers every KV slot) replaces the aux_pool there: the proposer's feature
+ * pool has one row per KV slot, every feed passes the sequence's block table
+ * (extend_slots) and the proposer's copy writes the rows at the positions'
+ * slots, so a KV block the prefix cache keeps keeps its features in the same
+ * physical block id (no second bookkeeping: the block manager's hashes,
+ * refcounts and eviction govern both), and a hit is fed with aux_row0 = -1
+ * (no copy, no transfer). Without it (a proposer that has none: the TP
+ * mirror), prefix-cache hits are not taken for speculating sequences.
  *
  * Threading: engine thread only.
  */
@@ -86,9 +94,25 @@ int spec_init(engine *e, specd_err *err) {
                  "tokens, %d layers x %d%s)", (long long)ad->rows, (long long)ad->cols,
                  e->cfg.max_num_batched_tokens, n, e->runner.hidden,
                  e->proposer->ops->extend_rows ? "" : ", the proposer has no extend_rows");
-    if (e->aux_on_dev && kv_prefix_caching(e->kv))
-        LOG_INFO("engine: the draft's features stay on the device: prefix-cache hits are not taken for speculating "
-                 "sequences (no host copy of the features to feed them)");
+    /* the device feature cache: the proposer's pool indexed by this engine's KV slots */
+    const int64_t kv_slots = (int64_t)e->runner.n_blocks * e->runner.block_size;
+    const int64_t fslots = n > 0 && e->proposer->ops->feat_cache_slots ? e->proposer->ops->feat_cache_slots(e->proposer->ctx) : 0;
+    e->feat_slots = false;
+    if (fslots > 0) {
+        if (!e->aux_on_dev || !e->proposer->ops->extend_slots)
+            return specd_err_set(err, "engine: the draft's features live in its device feature cache, which only the "
+                                      "target's device aux buffer feeds (extend_slots); this engine's features travel "
+                                      "through the host");
+        if (fslots < kv_slots)
+            return specd_err_set(err, "engine: the draft's device feature cache has %lld rows, the KV pool %lld slots "
+                                      "(%d blocks of %d)", (long long)fslots, (long long)kv_slots, e->runner.n_blocks,
+                                 e->runner.block_size);
+        e->feat_slots = true;
+    } else if (e->aux_on_dev && kv_prefix_caching(e->kv)) {
+        LOG_INFO("engine: the draft's features stay on the device and it keeps no device feature cache "
+                 "(eagle3_opts.feat_cache; not at tensor parallelism): prefix-cache hits are not taken for speculating "
+                 "sequences");
+    }
     if (n > 0 && kv_prefix_caching(e->kv) && !e->aux_on_dev) {
         size_t slots = (size_t)e->runner.n_blocks * (size_t)e->runner.block_size;
         e->aux_pool = malloc(slots * (size_t)n * (size_t)e->runner.hidden * sizeof *e->aux_pool);
@@ -99,7 +123,9 @@ int spec_init(engine *e, specd_err *err) {
     return 0;
 }
 
-bool spec_prefix_hits_ok(const engine *e) { return !e->proposer || e->n_aux == 0 || e->aux_pool != NULL; }
+bool spec_prefix_hits_ok(const engine *e) {
+    return !e->proposer || e->n_aux == 0 || e->aux_pool != NULL || e->feat_slots;
+}
 
 void spec_aux_store(engine *e) {
     if (!e->aux_pool) return;
@@ -117,6 +143,15 @@ void spec_aux_store(engine *e) {
 
 bool spec_feed_prefix_hit(engine *e, sched_seq *s, int32_t hit) {
     if (!e->proposer || hit <= 0) return true;
+    if (e->feat_slots) { /* the features are in the cache rows of the hit blocks: nothing to copy */
+        specd_err err = {0};
+        double t0 = engine_now_s();
+        if (e->proposer->ops->extend_slots(e->proposer->ctx, s->id, s->tokens, hit, 0, -1, s->kv.blocks,
+                                           s->kv.n_blocks, &err) != 0)
+            LOG_DEBUG("engine: proposer extend of a %d-token prefix hit from the feature cache: %s", hit, err.msg);
+        e->t_draft_s += engine_now_s() - t0;
+        return true;
+    }
     if (e->n_aux > 0 && !e->aux_pool) return false;
     const size_t row = (size_t)e->n_aux * (size_t)e->runner.hidden;
     const float *aux = NULL;
@@ -239,8 +274,11 @@ void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n) {
     specd_err err = {0};
     double t0 = engine_now_s();
     /* row sched_t0 of the step is position pos0 (= n_computed when it was scheduled) */
-    if ((e->aux_on_dev ? e->proposer->ops->extend_rows(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, s->sched_t0, &err)
-                       : e->proposer->ops->extend(e->proposer->ctx, s->id, s->tokens + pos0, n, pos0, aux, &err)) != 0)
+    const spec_proposer_ops *po = e->proposer->ops;
+    void *pc = e->proposer->ctx;
+    if ((e->feat_slots  ? po->extend_slots(pc, s->id, s->tokens + pos0, n, pos0, s->sched_t0, s->kv.blocks, s->kv.n_blocks, &err)
+         : e->aux_on_dev ? po->extend_rows(pc, s->id, s->tokens + pos0, n, pos0, s->sched_t0, &err)
+                         : po->extend(pc, s->id, s->tokens + pos0, n, pos0, aux, &err)) != 0)
         LOG_DEBUG("engine: proposer extend (seq %lld, %d tokens at %d): %s", (long long)s->id, n, pos0, err.msg);
     e->t_draft_s += engine_now_s() - t0;
 }
