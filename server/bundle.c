@@ -197,13 +197,22 @@ static int dev_dims_check(const char *model_path, const specd_config *cfg, dev_d
  * arena: its weights (the files; a gathered LM head counted at f32), the
  * fixed part of its KV (the 256 blocks it has beyond the target's), its
  * workspace and the proposer's buffers for R rows / S sequences / k drafts
- * (fixed), and its KV per target token (its pool follows the target's). */
+ * (fixed), and its KV per target token (its pool follows the target's).
+ * With --enable-prefix-caching at TP 1 the head's feature pool is the device
+ * feature cache (eagle3_opts.feat_cache: one row of n_aux x H f32 per target
+ * KV slot, so prefix-cache hits of speculating sequences are taken): it is
+ * counted per target KV token (feat_tok) instead of the fixed chunk pool. */
 typedef struct draft_dims {
     char why[200];
     int64_t n_heads, head_dim;
     int64_t vocab; /* the draft vocabulary its device draws see (0: no part of the head on this rank) */
     size_t fixed, per_tok;
+    size_t feat_tok; /* the device feature cache's bytes per target KV token (0: none) */
 } draft_dims;
+
+/* Whether the head on the target's device keeps the device feature cache (eagle3_opts.feat_cache): with prefix
+ * caching and without tensor parallelism (the TP mirror of the proposer carries no block tables). */
+static bool draft_feat_cache(const specd_config *cfg, int world) { return cfg->enable_prefix_caching && world <= 1; }
 
 static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_dims *d, int64_t R, int64_t S,
                       int32_t block, int rank, int world, draft_dims *dd, specd_err *err) {
@@ -247,8 +256,14 @@ static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_
     /* this rank's matrices: 1/N of the files, plus the replicated fc; all of it when the LM head stays whole (an
      * upper bound: the head's other matrices are smaller than its LM head) */
     if (N > 1) files = Vl == Vd ? files : files / N + 2 * featw * H;
-    /* + the feature pool (eagle3.h feat_chunks' default, chunks of `block` rows) the pending pairs' features wait in */
-    const int64_t chunks = 2 * ((R + block - 1) / block + 1) + S * ((b->spec.k + 2 + block - 1) / block + 1);
+    /* + the feature pool (eagle3.h feat_chunks' default, chunks of `block` rows) the pending pairs' features wait in,
+     * or the device feature cache: a row per target KV token (its aux layers' count, from the head's config) */
+    int32_t aux_ids[EAGLE3_MAX_AUX];
+    specd_err aerr = {{0}};
+    const int32_t n_aux = eagle3_config_aux_layers(&ec, (int32_t)d->n_layers, EAGLE3_AUX_AUTO, 0, aux_ids, &aerr);
+    if (draft_feat_cache(cfg, world))
+        dd->feat_tok = 4 * (size_t)(n_aux > 0 ? n_aux : EAGLE3_MAX_AUX) * (size_t)d->hidden;
+    const int64_t chunks = dd->feat_tok ? 0 : 2 * ((R + block - 1) / block + 1) + S * ((b->spec.k + 2 + block - 1) / block + 1);
     const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17) +
                         4 * (size_t)(chunks * block) * (size_t)featw;
     dd->per_tok = kv_tok;
@@ -370,7 +385,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
             if (dd.head_dim > o.max_head_dim) o.max_head_dim = (int32_t)dd.head_dim;
             o.draw_vocab = (int32_t)dd.vocab; /* sampled drafts' draw scratch, carved at create */
         } else {
-            dd.fixed = dd.per_tok = 0;
+            dd.fixed = dd.per_tok = dd.feat_tok = 0;
         }
     }
     /* model.c: llama_forward's workspace and model_finish_outputs' ws_out for a full step, all rows output */
@@ -401,22 +416,24 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     const size_t need = BUNDLE_CUDA_RESERVE + graphs + wb + 2 * ws + fixed + dd.fixed;
     /* KV per token: K and V in f32; DeepSeek-V3's one latent plane in bf16 (model.c forces it on a device) */
     const size_t per_tok = (d.deepseek ? (size_t)d.n_layers * (size_t)kvd * 2 : (size_t)d.n_layers * 2 * (size_t)kvd * sizeof(float)) +
-                           dd.per_tok;
+                           dd.per_tok + dd.feat_tok;
     if (!per_tok || d.n_heads <= 0 || d.head_dim <= 0 || H <= 0)
         return specd_err_set(err, "%s: layers %lld, heads %lld, head_dim %lld: cannot plan GPU memory", model_path,
                              (long long)d.n_layers, (long long)d.n_heads, (long long)d.head_dim);
     if (need >= budget || (budget - need) / per_tok < (size_t)max_len)
         return specd_err_set(err, "--gpu-memory-utilization %.2f (%.2f GiB) leaves %.2f GiB for the KV cache after "
                                   "weights %.2f GiB, workspace %.2f GiB and reserve %.2f GiB; %lld tokens of "
-                                  "--max-model-len need %.2f GiB (raise the fraction, lower --max-model-len or "
-                                  "--max-num-batched-tokens)",
+                                  "--max-model-len need %.2f GiB%s (raise the fraction, lower --max-model-len or "
+                                  "--max-num-batched-tokens%s)",
                              util, (double)budget / (1 << 30), need >= budget ? 0.0 : (double)(budget - need) / (1 << 30),
                              (double)wb / (1 << 30), (double)(2 * ws + fixed) / (1 << 30),
                              (double)BUNDLE_CUDA_RESERVE / (1 << 30), (long long)max_len,
-                             (double)per_tok * (double)max_len / (1 << 30));
+                             (double)per_tok * (double)max_len / (1 << 30),
+                             dd.feat_tok ? ", the draft's device feature cache included (prefix caching)" : "",
+                             dd.feat_tok ? ", or drop --enable-prefix-caching" : "");
     /* the KV tokens the rest holds; the target's pool gets its share, the head's (as many blocks + 256) the other */
     const int64_t kv_tokens = (int64_t)((budget - need) / per_tok);
-    *kv_bytes = kv_tokens * (int64_t)(per_tok - dd.per_tok);
+    *kv_bytes = kv_tokens * (int64_t)(per_tok - dd.per_tok - dd.feat_tok);
     o.arena_bytes = budget - BUNDLE_CUDA_RESERVE - graphs;
     char who[96] = "";
     if (world > 1)
@@ -425,14 +442,14 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
     LOG_INFO("%scuda plan: GPU %.2f GiB total, %.2f GiB free; --gpu-memory-utilization %.2f -> %.2f GiB%s: weights "
              "%.2f GiB (from the files%s), workspace %.2f GiB (%lld tokens/step, x2 for regrowth, + %.2f GiB metadata "
              "and attention scratch up to %lld positions), reserve %.2f GiB, graphs %.2f GiB (%zu: %s), draft head "
-             "%.2f GiB + its KV %.2f GiB, KV %.2f GiB = %lld tokens",
+             "%.2f GiB + its KV %.2f GiB + its device feature cache %.2f GiB, KV %.2f GiB = %lld tokens",
              who, (double)tot / (1 << 30), (double)fr / (1 << 30), util, (double)budget / (1 << 30),
              on_dev > 1 ? " (this rank's share)" : "", (double)wb / (1 << 30), world > 1 ? ": this rank's shard" : "",
              (double)(2 * ws) / (1 << 30), (long long)T, (double)fixed / (1 << 30),
              (long long)max_len, (double)BUNDLE_CUDA_RESERVE / (1 << 30), (double)graphs / (1 << 30), n_graphs,
              nb ? "buckets x decode / verify" : world > 1 && !cfg->enforce_eager ? "TP shm: eager" : "--enforce-eager", (double)dd.fixed / (1 << 30),
-             (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)*kv_bytes / (1 << 30),
-             (long long)kv_tokens);
+             (double)kv_tokens * (double)dd.per_tok / (1 << 30), (double)kv_tokens * (double)dd.feat_tok / (1 << 30),
+             (double)*kv_bytes / (1 << 30), (long long)kv_tokens);
     b->be = bk_cuda_create(&o, err);
     if (!b->be) return -1;
     b->device = "cuda";
@@ -780,7 +797,14 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
             /* on the target's backend: weights, KV and buffers in the arena (planned in bundle_backend), the
              * target's placed embedding shared, argmax + d2t on the device, one download of ids per propose */
             draft_dev_opts(cfg, b->spec.k, &eo);
-            LOG_INFO("draft: on the %s backend with its target", b->device);
+            /* with prefix caching: the feature pool is the device feature cache (planned per KV token in
+             * bundle_backend), so prefix-cache hits of speculating sequences are taken; not at TP */
+            eo.feat_cache = draft_feat_cache(cfg, b->rk ? cfg->tensor_parallel_size : 1);
+            LOG_INFO("draft: on the %s backend with its target%s", b->device,
+                     eo.feat_cache ? ", its feature pool the device feature cache (prefix caching)"
+                     : cfg->enable_prefix_caching ? "; no device feature cache at tensor parallelism: prefix-cache "
+                                                    "hits are not taken for speculating sequences"
+                                                  : "");
         }
         if (b->rk && !b->be->host_visible && !b->draft_be) {
             /* every GPU rank loads its shard and runs the proposer on it, rank 0 mirroring the engine's calls
