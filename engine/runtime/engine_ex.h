@@ -50,8 +50,10 @@ typedef struct engine_runner {
      * extend_rows, forward is called with model_batch.aux = NULL and
      * .aux_on_device, and the proposer is fed row indices of this buffer
      * instead of host features: no aux crosses the bus. Prefix-cache hits
-     * are then not taken for speculating sequences (their features are not
-     * kept on the host). engine_create sets it when the model has one. */
+     * of speculating sequences are then fed from the proposer's device
+     * feature cache (proposer.h feat_cache_slots / extend_slots: rows by KV
+     * slot) when it has one, else not taken (their features are not kept on
+     * the host). engine_create sets it when the model has one. */
     const bk_tensor *aux_dev;
 } engine_runner;
 
