@@ -40,7 +40,13 @@
  *   4. R2 and R4 drafted and accepted something (the comparison is not void);
  *   5. no host pointer reached a device op.
  * Also: a head loaded with feat_cache but an engine whose features travel
- * through the host is refused at engine_set_proposer with the reason.
+ * through the host is refused at engine_set_proposer with the reason; the
+ * cache takes exactly the target's KV slots x n_aux x H x 4 bytes of the
+ * device arena in place of the chunk pool (bk_cuda_arena_used: what the
+ * bundle's plan counts per KV token), allocated once at load; and a load
+ * whose arena cannot hold the cache (a filler leaves the head and half the
+ * cache free) fails naming the device feature cache, while the same arena
+ * still takes the head without it.
  * Needs the SmolLM2 GGUF; skips (77) without it.
  */
 #include <stdio.h>
@@ -208,6 +214,68 @@ static void expect_same(const char *what, int ri, const req_out *a, const req_ou
            (long long)a->acc, (long long)b->acc);
 }
 
+/* A fresh fake device of ARENA bytes with SmolLM2 of NBM KV blocks on it. */
+static backend *mem_dev(size_t arena, int32_t nbm, model **m) {
+    specd_err err = {{0}};
+    bk_cuda_opts co = {.device = 0, .arena_bytes = arena, .max_tokens = STEP_TOKENS, .max_seqs = 5, .max_len = MAX_LEN,
+                       .block_size = 16, .max_heads = 16, .max_head_dim = 128, .sample_vocab = 49152};
+    backend *dev = bk_cuda_create(&co, &err);
+    if (!dev) { EXPECT(0, "fake device: %s", err.msg); return NULL; }
+    *m = dt_model(dev, nbm);
+    return dev;
+}
+
+/* The cache's device memory: exactly the KV slots x n_aux x H f32 in place of the chunk pool, and a refusal naming
+ * it when the arena cannot hold it (a target of 64 KV blocks: the cache, 7 MB, outweighs the chunk pool). */
+static void check_memory(const char *head) {
+    enum { NBM = 64 };
+    specd_err err = {{0}};
+    model *md = NULL;
+    backend *dev = mem_dev((size_t)512 << 20, NBM, &md);
+    if (!dev) return;
+    spec_proposer *sp = NULL;
+    eagle3_opts with = {.n_blocks = 64, .max_rows = STEP_TOKENS, .max_seqs = 4, .max_k = K, .aux_rows = STEP_TOKENS,
+                        .feat_cache = true}, without = with;
+    without.feat_cache = false;
+    /* fresh arena: the head without the cache (its first load also reserves the target's aux buffer for good) */
+    if (eagle3_load(head, md, &without, &sp, &err) < 0) { EXPECT(0, "eagle3_load (no cache): %s", err.msg); return; }
+    EXPECT(sp->ops->feat_cache_slots(sp->ctx) == 0, "a head without feat_cache reports a feature cache");
+    const size_t top_without = bk_cuda_arena_used(dev);
+    eagle3_destroy(sp);
+    const size_t used_a = bk_cuda_arena_used(dev); /* the model + the aux buffer */
+    if (eagle3_load(head, md, &with, &sp, &err) < 0) { EXPECT(0, "eagle3_load (cache): %s", err.msg); return; }
+    const int64_t slots = sp->ops->feat_cache_slots(sp->ctx);
+    int32_t layers[8];
+    const int n_aux = sp->ops->aux_layers(sp->ctx, layers);
+    const size_t used_with = bk_cuda_arena_used(dev) - used_a, used_without = top_without - used_a;
+    const size_t row = 4 * (size_t)n_aux * (size_t)model_get_config(md)->hidden;
+    eagle3_destroy(sp);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+    const size_t cache = (size_t)NBM * 16 * row;
+    /* the chunk pool's default (eagle3.h feat_chunks): 2 (max_rows / bs + 1) + max_seqs (ceil((k + 2) / bs) + 1) */
+    const size_t chunks = 2 * (STEP_TOKENS / 16 + 1) + 4 * ((K + 2 + 15) / 16 + 1), pool = chunks * 16 * row;
+    EXPECT(slots == (int64_t)NBM * 16, "the cache has %lld rows, the KV pool %d slots", (long long)slots, NBM * 16);
+    EXPECT(used_with + pool == used_without + cache, "arena: %zu bytes with the cache, %zu without; the cache is %zu, "
+           "the chunk pool %zu", used_with, used_without, cache, pool);
+    /* an arena that holds the model and the head without the cache (the same loads on a fresh arena place alike,
+     * first fit) but only half of what the cache adds over the chunk pool: the load with it must fail naming it */
+    const size_t arena_b = (top_without + (cache - pool) / 2 + 255) & ~(size_t)255;
+    if (!(dev = mem_dev(arena_b, NBM, &md))) return;
+    err.msg[0] = 0;
+    const int rc = eagle3_load(head, md, &with, &sp, &err);
+    EXPECT(rc < 0 && strstr(err.msg, "device feature cache"), "a cache that does not fit: rc %d, '%s'", rc, err.msg);
+    if (rc == 0) eagle3_destroy(sp);
+    else printf("a cache that does not fit is refused: %s\n", err.msg);
+    sp = NULL;
+    EXPECT(eagle3_load(head, md, &without, &sp, &err) == 0, "the same arena without the cache: %s", err.msg);
+    eagle3_destroy(sp);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+    printf("device memory: the cache takes %zu bytes (%d KV slots x %zu) in place of the %zu-byte chunk pool\n",
+           cache, NBM * 16, row, pool);
+}
+
 int main(void) {
     char p[1024], head[1024];
     snprintf(p, sizeof p, "%s/tests/fixtures/eagle3/capture_smollm2.json", dt_src());
@@ -310,6 +378,7 @@ int main(void) {
     } else {
         EXPECT(0, "eagle3_load: %s", err.msg);
     }
+    check_memory(head);
     EXPECT(fake_violations == 0, "%d host pointers reached device ops", fake_violations);
     model_destroy(mc), model_destroy(md);
     bk_cuda_destroy(dev), bk_cpu_destroy(cpu);
