@@ -551,16 +551,17 @@ static int op_extend_slots(void *ctx, int64_t id, const int32_t *tokens, int32_t
     if (pos0 < 0 || !tokens || !blocks || n_blocks < 0 || (int64_t)n_blocks * P->fc < (int64_t)pos0 + n)
         return specd_err_set(err, "eagle3 extend_slots: positions %d..%d, a block table of %d blocks of %d", pos0,
                              pos0 + n - 1, n_blocks, P->fc);
-    for (int32_t b = (pos0 / P->fc); b < n_blocks && b <= (pos0 + n - 1) / P->fc; b++)
-        if (blocks[b] < 0 || blocks[b] >= P->n_fchunks)
-            return specd_err_set(err, "eagle3 extend_slots: KV block id %d outside the target's %d", blocks[b],
-                                 P->n_fchunks);
     if (row0 >= 0 && (!P->src_aux.data || (int64_t)row0 + n > P->src_aux.rows))
         return specd_err_set(err, "eagle3 extend_slots: rows %d..%d outside the target's aux buffer of %lld", row0,
                              row0 + n - 1, (long long)P->src_aux.rows);
     e3_seq *s = seq_get(P, id);
     if (!s || grow((void **)&s->fb, &s->fb_cap, n_blocks > 0 ? n_blocks : 1, sizeof(int32_t)) < 0)
         return specd_err_set(err, "out of memory");
+    /* the blocks this call writes and the window reads: [min(n_kv, pos0), pos0 + n) */
+    for (int32_t b = (pos0 < s->n_kv ? pos0 : s->n_kv) / P->fc; b <= (pos0 + n - 1) / P->fc; b++)
+        if (blocks[b] < 0 || blocks[b] >= P->n_fchunks)
+            return specd_err_set(err, "eagle3 extend_slots: KV block id %d outside the target's %d", blocks[b],
+                                 P->n_fchunks);
     memcpy(s->fb, blocks, sizeof(int32_t) * (size_t)n_blocks); /* the window reads its rows through it */
     s->n_fb = n_blocks, s->fb_first = 0;
     const int32_t fw = P->featw;

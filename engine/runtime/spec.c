@@ -96,10 +96,11 @@ int spec_init(engine *e, specd_err *err) {
                  e->proposer->ops->extend_rows ? "" : ", the proposer has no extend_rows");
     /* the device feature cache: the proposer's pool indexed by this engine's KV slots */
     const int64_t kv_slots = (int64_t)e->runner.n_blocks * e->runner.block_size;
-    const int64_t fslots = n > 0 && e->proposer->ops->feat_cache_slots ? e->proposer->ops->feat_cache_slots(e->proposer->ctx) : 0;
+    const spec_proposer_ops *po = e->proposer->ops;
+    const int64_t fslots = n > 0 && po->feat_cache_slots ? po->feat_cache_slots(e->proposer->ctx) : 0;
     e->feat_slots = false;
     if (fslots > 0) {
-        if (!e->aux_on_dev || !e->proposer->ops->extend_slots)
+        if (!e->aux_on_dev || !po->extend_slots)
             return specd_err_set(err, "engine: the draft's features live in its device feature cache, which only the "
                                       "target's device aux buffer feeds (extend_slots); this engine's features travel "
                                       "through the host");
@@ -276,9 +277,10 @@ void spec_extend_computed(engine *e, sched_seq *s, int32_t pos0, int32_t n) {
     /* row sched_t0 of the step is position pos0 (= n_computed when it was scheduled) */
     const spec_proposer_ops *po = e->proposer->ops;
     void *pc = e->proposer->ctx;
-    if ((e->feat_slots  ? po->extend_slots(pc, s->id, s->tokens + pos0, n, pos0, s->sched_t0, s->kv.blocks, s->kv.n_blocks, &err)
-         : e->aux_on_dev ? po->extend_rows(pc, s->id, s->tokens + pos0, n, pos0, s->sched_t0, &err)
-                         : po->extend(pc, s->id, s->tokens + pos0, n, pos0, aux, &err)) != 0)
+    const int32_t *tk = s->tokens + pos0;
+    if ((e->feat_slots   ? po->extend_slots(pc, s->id, tk, n, pos0, s->sched_t0, s->kv.blocks, s->kv.n_blocks, &err)
+         : e->aux_on_dev ? po->extend_rows(pc, s->id, tk, n, pos0, s->sched_t0, &err)
+                         : po->extend(pc, s->id, tk, n, pos0, aux, &err)) != 0)
         LOG_DEBUG("engine: proposer extend (seq %lld, %d tokens at %d): %s", (long long)s->id, n, pos0, err.msg);
     e->t_draft_s += engine_now_s() - t0;
 }
