@@ -85,6 +85,7 @@ typedef struct dev_dims {
     int64_t hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, max_pos;
     /* DeepSeek-V3 / Kimi (deepseek): MLA and MoE shapes */
     int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head, experts, top_k, moe_inter, shared_inter;
+    int64_t experts_held; /* routed experts in this rank's memory: all (TP: each split inside), E/N (expert parallel) */
     int64_t weight_bytes; /* estimate of the bytes weight_place copies */
     int64_t replicated;   /* DeepSeek-V3: bytes of q_a / kv_a_proj_with_mqa / router every TP rank keeps whole */
 } dev_dims;
@@ -144,6 +145,7 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
     if (d->deepseek) { /* one latent "KV head" of kv_lora_rank + rope (deepseek_v3.c) */
         d->q_lora = hc.q_lora_rank, d->kv_lora = hc.kv_lora_rank, d->qk_nope = hc.qk_nope, d->qk_rope = hc.qk_rope;
         d->v_head = hc.v_head, d->experts = hc.n_routed_experts, d->top_k = hc.n_experts_per_tok;
+        d->experts_held = d->experts;
         d->moe_inter = hc.moe_intermediate, d->shared_inter = (int64_t)hc.moe_intermediate * hc.n_shared_experts;
         d->n_kv_heads = 1, d->head_dim = hc.kv_lora_rank + hc.qk_rope;
         d->replicated = 2 * d->n_layers * d->hidden * ((hc.q_lora_rank > 0 ? hc.q_lora_rank : 0) + d->head_dim +
@@ -328,7 +330,10 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
         d.n_kv_heads = d.n_kv_heads % world == 0 ? d.n_kv_heads / world : 1; /* MLA: the one latent, replicated */
         if (d.ffn % world == 0) d.ffn /= world;
         if (d.deepseek) { /* every expert and the shared experts split inside (what tp_shard.c cannot cut it refuses) */
-            if (d.moe_inter % world == 0) d.moe_inter /= world;
+            /* expert parallel: E/N experts whole instead (moe_place holds E/N of width moe_inter; the weight bytes
+             * above are the same files / N: the routed experts' share is (their bytes) / N either way) */
+            if (cfg->enable_expert_parallel && d.experts % world == 0) d.experts_held /= world;
+            else if (d.moe_inter % world == 0) d.moe_inter /= world;
             if (d.shared_inter % world == 0) d.shared_inter /= world;
         }
     }
@@ -356,7 +361,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
                       .sample_vocab = (int32_t)d.vocab}; /* the device sampler's staging + scratch, carved at create */
     if (d.deepseek) { /* MLA scratch, the MoE routing + workspace for a full step: carved at create (fixed) */
         o.mla_kv_lora_rank = (int32_t)d.kv_lora;
-        o.moe_experts = (int32_t)d.experts, o.moe_top_k = (int32_t)d.top_k;
+        o.moe_experts = (int32_t)d.experts_held, o.moe_top_k = (int32_t)d.top_k;
         o.moe_hidden = (int32_t)H, o.moe_inter = (int32_t)d.moe_inter;
     }
     draft_dims dd = {0};
@@ -719,12 +724,16 @@ int specd_bundle_load(const char *model_path, const specd_config *cfg, const cha
                       specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
+    if (cfg->enable_expert_parallel && cfg->tensor_parallel_size <= 1)
+        return specd_err_set(err, "--enable-expert-parallel splits the routed experts across the tensor-parallel "
+                                  "ranks: it needs --tensor-parallel-size > 1 (got %d)", cfg->tensor_parallel_size);
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     int64_t kv_bytes = cfg->kv_cache_memory;
     if (bundle_backend(model_path, cfg, 0, b->rk ? cfg->tensor_parallel_size : 1, b, &kv_bytes, err) < 0) goto fail;
     if (b->rk && tp_agree(ranks_comm(b->rk), cfg, b->be, &kv_bytes, &b->tp_dev, &b->tp_comm, err) < 0) goto fail;
     model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = kv_bytes, .n_blocks = 0,
-                          .tp = b->rk ? &b->tp_comm : NULL, .load_threads = cfg->load_threads};
+                          .tp = b->rk ? &b->tp_comm : NULL, .load_threads = cfg->load_threads,
+                          .expert_parallel = cfg->enable_expert_parallel};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
         specd_err_wrap(err, "loading %s", model_path);
         goto fail;
@@ -1034,7 +1043,8 @@ int specd_tp_worker_main(int argc, char **argv) {
         comm_abort(c, err.msg); /* the group's reason: "rank R: ..." */
         goto out;
     }
-    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc, .load_threads = cfg.load_threads};
+    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc, .load_threads = cfg.load_threads,
+                          .expert_parallel = cfg.enable_expert_parallel};
     if (model_load(pos[0], wb.be, &mo, &m, &err) < 0) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "loading the shard: %.200s", err.msg);

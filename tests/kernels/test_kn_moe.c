@@ -244,7 +244,7 @@ static void layer_create(layer *L, int32_t E, int32_t H, int32_t I, int32_t k, i
     L->dsg = dev_upload(L->sg, (size_t)L->Is * H * 2), L->dsu = dev_upload(L->su, (size_t)L->Is * H * 2);
     L->dsd = dev_upload(L->sd, (size_t)H * L->Is * 2);
     L->dbias = dev_upload(L->bias, sizeof(float) * (size_t)E);
-    L->dw_ = (kn_moe_weights){E, H, I, L->d13, L->ds13, L->d2, L->ds2};
+    L->dw_ = (kn_moe_weights){E, H, I, L->d13, L->ds13, L->d2, L->ds2, 0, 0}; /* all E experts */
     free(w13), free(w2), free(s13), free(s2);
 }
 
