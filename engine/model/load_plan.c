@@ -149,6 +149,41 @@ static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_
     return 0;
 }
 
+/* This rank's plan over ST (merged): what model_st_open reads. */
+static int plan_rank(st_plan *p, const st_model *st, const hf_config *hc, const model *m, int32_t r, int32_t N,
+                     specd_err *err) {
+    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
+    return hc->arch == MODEL_ARCH_LLAMA ? plan_llama(p, st, hc, r, N, row_min, err)
+                                        : plan_dsv3(p, st, hc, r, N, row_min, m->ep, m->ex0, m->ex_n, err);
+}
+
+int model_plan_rank_bytes(const char *dir, int32_t N, int32_t r, bool expert_parallel, int32_t row_min,
+                          int64_t *bytes, int64_t *files, specd_err *err) {
+    hf_config hc;
+    if (hf_config_load(dir, &hc, err) < 0) return -1;
+    model m = {0};
+    model_comm mc = {.rank = r, .size = N};
+    m.tp = N > 1 ? &mc : NULL;
+    m.ep = expert_parallel;
+    m.load_row_min = row_min;
+    if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
+    if (hc.arch == MODEL_ARCH_LLAMA && m.ep)
+        return specd_err_set(err, "expert parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)");
+    if (hc.arch != MODEL_ARCH_LLAMA &&
+        model_ep_range(&m, hc.first_k_dense < hc.n_layers ? hc.n_routed_experts : 0, err) < 0)
+        return -1;
+    st_model *st = NULL;
+    if (st_open_ex(dir, 0, &st, err) < 0) return -1;
+    st_plan p = {0};
+    const int rc = plan_rank(&p, st, &hc, &m, r, N, err);
+    *bytes = rc < 0 ? 0 : (int64_t)st_plan_merge(&p);
+    *files = 0;
+    for (int s = 0; s < st_n_shards(st); s++) *files += (int64_t)st_shard_size(st, s);
+    st_plan_free(&p);
+    st_close(st);
+    return rc;
+}
+
 int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err) {
     if (st_open_ex(m->path, m->load_st_flags, out, err) < 0) return -1;
     const double t0 = model_now_s();
@@ -159,9 +194,7 @@ int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err)
     if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
     st_plan p = {0};
     st_load_stats s;
-    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
-    const int rc = hc->arch == MODEL_ARCH_LLAMA ? plan_llama(&p, *out, hc, r, N, row_min, err)
-                                                : plan_dsv3(&p, *out, hc, r, N, row_min, m->ep, m->ex0, m->ex_n, err);
+    const int rc = plan_rank(&p, *out, hc, m, r, N, err);
     if (rc < 0 || st_prefetch(*out, &p, m->load_threads, &s, err) < 0) {
         st_plan_free(&p);
         return -1;

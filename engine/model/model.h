@@ -100,6 +100,14 @@ typedef struct model_load_opts {
 
 #define MODEL_LOAD_ROW_MIN 1024 /* load_plan.c: measured by tests/perf/bench_load */
 
+/* The checkpoint bytes rank R of N would read from the Hugging Face safetensors directory DIR (the load
+ * plan of engine/model/load_plan.c, merged; expert_parallel and row_min as model_load_opts'), without
+ * reading any weight: only config.json and the safetensors headers are read, so it works on a checkpoint
+ * whose data are absent (sparse files: tests/loader/test_kimi_plan.py computes Kimi-K2.5's real per-rank
+ * figures that way). *files: the shards' sizes together. -1 with the reason. */
+int model_plan_rank_bytes(const char *dir, int32_t N, int32_t r, bool expert_parallel, int32_t row_min,
+                          int64_t *bytes, int64_t *files, specd_err *err);
+
 /* What loading cost this rank (model_get_load_info). */
 typedef struct model_load_info {
     double seconds;          /* model_load's wall time: open, reads, slicing, placement */
