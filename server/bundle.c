@@ -720,13 +720,35 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
     return 0;
 }
 
+/* --enable-expert-parallel needs TP > 1 and a mixture-of-experts model whose routed experts the ranks divide:
+ * refused here, before any rank starts (the model's loader refuses the same at load: tp_shard.c). */
+static int ep_check(const char *model_path, const specd_config *cfg, specd_err *err) {
+    if (!cfg->enable_expert_parallel) return 0;
+    const int N = cfg->tensor_parallel_size;
+    if (N <= 1)
+        return specd_err_set(err, "--enable-expert-parallel splits the routed experts across the tensor-parallel "
+                                  "ranks: it needs --tensor-parallel-size > 1 (got %d)", N);
+    if (!is_dir(model_path))
+        return specd_err_set(err, "--enable-expert-parallel: %s is a GGUF file, loaded as a dense llama model; expert "
+                                  "parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)", model_path);
+    hf_config hc;
+    if (hf_config_load(model_path, &hc, err) < 0) return specd_err_wrap(err, "--enable-expert-parallel");
+    const int E = hc.arch != MODEL_ARCH_LLAMA && hc.first_k_dense < hc.n_layers ? hc.n_routed_experts : 0;
+    if (E <= 0)
+        return specd_err_set(err, "--enable-expert-parallel: %s has no routed experts (a dense %s model); expert "
+                                  "parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)", model_path,
+                             hc.model_type);
+    if (E % N)
+        return specd_err_set(err, "--enable-expert-parallel: --tensor-parallel-size %d does not divide the %d routed "
+                                  "experts of %s (each rank holds E/N whole experts)", N, E, model_path);
+    return 0;
+}
+
 int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
                       specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
-    if (cfg->enable_expert_parallel && cfg->tensor_parallel_size <= 1)
-        return specd_err_set(err, "--enable-expert-parallel splits the routed experts across the tensor-parallel "
-                                  "ranks: it needs --tensor-parallel-size > 1 (got %d)", cfg->tensor_parallel_size);
+    if (ep_check(model_path, cfg, err) < 0) return -1;
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     int64_t kv_bytes = cfg->kv_cache_memory;
     if (bundle_backend(model_path, cfg, 0, b->rk ? cfg->tensor_parallel_size : 1, b, &kv_bytes, err) < 0) goto fail;
@@ -897,6 +919,7 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
         specd_err_set(err, "model %s: not readable", model_path);
         goto done;
     }
+    if (ep_check(model_path, cfg, err) < 0) goto done;
     if (auth_create(cfg->api_key, cfg->api_key_file, &a, err)) goto done;
     if (specd_tokenizer_load(model_path, NULL, &b, err)) {
         specd_err_wrap(err, "model %s", model_path);
