@@ -272,21 +272,22 @@ ws_layout ws_layout_of(int32_t T, int32_t k, int32_t E, int32_t H, int32_t I) {
  * order of slot (so of token); offsets and the list of active experts by a
  * one-warp scan. Per token: bad = an id outside [0, E) or twice. */
 __global__ void __launch_bounds__(KN_ALIGN_THREADS) kn_moe_align_kernel(const int32_t *__restrict__ ids, int32_t T,
-                                                                        int32_t k, int32_t E, int32_t *off,
+                                                                        int32_t k, int32_t E, int32_t e0,
+                                                                        int32_t E_route, int32_t *off,
                                                                         int32_t *active, int32_t *nact,
                                                                         int32_t *slot_of, int32_t *bad,
                                                                         int32_t *bad_flag) {
     const int S = T * k;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* local expert e = routed expert e0 + e */
         int n = 0;
-        for (int i = 0; i < S; i++) n += ids[i] == e;
+        for (int i = 0; i < S; i++) n += ids[i] == e0 + e;
         off[e] = n; /* counts first */
     }
     for (int t = threadIdx.x; t < T; t += blockDim.x) {
         int b = 0;
         for (int j = 0; j < k; j++) {
             const int32_t id = ids[(size_t)t * k + j];
-            b |= id < 0 || id >= E;
+            b |= id < 0 || id >= E_route;
             for (int u = 0; u < j; u++) b |= ids[(size_t)t * k + u] == id;
         }
         bad[t] = b;
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(KN_ALIGN_THREADS) kn_moe_align_kernel(const in
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int p = off[e];
         for (int i = 0; i < S; i++)
-            if (ids[i] == e) slot_of[p++] = i;
+            if (ids[i] == e0 + e) slot_of[p++] = i;
     }
 }
 
@@ -451,11 +452,14 @@ __global__ void __launch_bounds__(32 * KN_MOE_WARPS, TILE == 1 ? 8 : 4) kn_moe_g
 /* ------------------------------------------------------------ combine */
 
 /* grid (ceil(H / 256), T): y[t, d] = sum over the token's slots in ascending
- * expert id of yd * w, then + shared; NaN for a token with invalid ids. */
+ * expert id of yd * w, then + shared; NaN for a token with invalid ids. Slots
+ * whose id is outside [e0, e0 + E) (another rank's expert: expert
+ * parallelism) were not computed and add nothing. */
 __global__ void __launch_bounds__(256) kn_moe_combine_kernel(const float *__restrict__ yd,
                                                              const int32_t *__restrict__ ids,
                                                              const float *__restrict__ wts,
                                                              const int32_t *__restrict__ bad, int32_t k, int32_t H,
+                                                             int32_t e0, int32_t E,
                                                              const float *__restrict__ shared, float *__restrict__ y) {
     __shared__ int order[KN_MOE_MAX_K];
     const int t = (int)blockIdx.y;
@@ -476,6 +480,7 @@ __global__ void __launch_bounds__(256) kn_moe_combine_kernel(const float *__rest
     float acc = 0.f;
     for (int i = 0; i < k; i++) {
         const int s = t * k + order[i];
+        if (ids[s] < e0 || ids[s] >= e0 + E) continue; /* block-uniform */
         acc = __fadd_rn(acc, __fmul_rn(yd[(size_t)s * H + d], wts[s]));
     }
     if (shared) acc = __fadd_rn(acc, shared[(size_t)t * H + d]);
@@ -499,10 +504,14 @@ __global__ void __launch_bounds__(256) kn_moe_dequant_kernel(const uint32_t *__r
 
 bool aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 
+/* the routed experts (kn_moe_weights.E_route; 0: E) */
+int32_t e_route(const kn_moe_weights *w) { return w->E_route > 0 ? w->E_route : w->E; }
+
 bool weights_ok(const kn_moe_weights *w) {
     return w && w->w13 && w->s13 && w->w2 && w->s2 && w->E >= 1 && w->E <= KN_MOE_MAX_E && w->H >= 32 &&
            w->H % 32 == 0 && w->I >= 32 && w->I % 32 == 0 && aligned(w->w13, 16) && aligned(w->w2, 16) &&
-           aligned(w->s13, 2) && aligned(w->s2, 2);
+           aligned(w->s13, 2) && aligned(w->s2, 2) && w->e0 >= 0 && w->E_route >= 0 &&
+           e_route(w) <= KN_MOE_MAX_E && (int64_t)w->e0 + w->E <= e_route(w);
 }
 
 template <int L, bool GU>
@@ -547,7 +556,7 @@ extern "C" size_t kn_moe_workspace_bytes(int32_t T, int32_t k, int32_t E, int32_
 extern "C" int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids, const float *wts,
                               int32_t T, int32_t k, const float *shared, void *ws, size_t ws_bytes, float *y,
                               int32_t *bad_flag, void *stream) {
-    if (!weights_ok(wt) || !x || !ids || !wts || !ws || !y || T <= 0 || k < 1 || k > KN_MOE_MAX_K || k > wt->E ||
+    if (!weights_ok(wt) || !x || !ids || !wts || !ws || !y || T <= 0 || k < 1 || k > KN_MOE_MAX_K || k > e_route(wt) ||
         !aligned(x, 16) || !aligned(ws, 256) || T > 65535 || y == x || y == shared) /* T: combine grid.y */
         return (int)cudaErrorInvalidValue;
     const int32_t E = wt->E, H = wt->H, I = wt->I;
@@ -559,7 +568,8 @@ extern "C" int kn_moe_experts(const kn_moe_weights *wt, const float *x, const in
     int32_t *nact = reinterpret_cast<int32_t *>(b + L.nact), *slot_of = reinterpret_cast<int32_t *>(b + L.slot_of);
     int32_t *bad = reinterpret_cast<int32_t *>(b + L.bad);
     float *act = reinterpret_cast<float *>(b + L.act), *yd = reinterpret_cast<float *>(b + L.yd);
-    kn_moe_align_kernel<<<1, KN_ALIGN_THREADS, 0, s>>>(ids, T, k, E, off, active, nact, slot_of, bad, bad_flag);
+    kn_moe_align_kernel<<<1, KN_ALIGN_THREADS, 0, s>>>(ids, T, k, E, wt->e0, e_route(wt), off, active, nact, slot_of,
+                                                        bad, bad_flag);
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return (int)rc;
     const int32_t slots = T * k < E ? T * k : E; /* at most this many experts have tokens */
@@ -570,7 +580,7 @@ extern "C" int kn_moe_experts(const kn_moe_weights *wt, const float *x, const in
                     off, active, nact, slot_of, act, k, yd};
     if ((rc = gemm_dispatch<false>(dn, T, slots, s)) != cudaSuccess) return (int)rc;
     const dim3 cgrid((unsigned)((H + 255) / 256), (unsigned)T);
-    kn_moe_combine_kernel<<<cgrid, 256, 0, s>>>(yd, ids, wts, bad, k, H, shared, y);
+    kn_moe_combine_kernel<<<cgrid, 256, 0, s>>>(yd, ids, wts, bad, k, H, wt->e0, E, shared, y);
     return (int)cudaGetLastError();
 }
 

@@ -76,6 +76,9 @@ typedef struct kn_moe_weights {
     const uint16_t *s13; /* [E][2I][H/32] */
     const uint32_t *w2;  /* [E][H][I/8] */
     const uint16_t *s2;  /* [E][H][I/32] */
+    /* Expert parallelism: these E experts are routed experts [e0, e0 + E) of E_route (the ids kn_moe_route
+     * gives); 0, 0: all of them (e0 = 0, E_route = E). 0 <= e0, e0 + E <= E_route <= KN_MOE_MAX_E. */
+    int32_t e0, E_route;
 } kn_moe_weights;
 
 /* Element counts of the four arrays of kn_moe_weights (u32 words, u16 scales). */
@@ -128,10 +131,14 @@ size_t kn_moe_workspace_bytes(int32_t T, int32_t k, int32_t E, int32_t H, int32_
  * of w[t, j] x down_e(silu(gate_e(x_t)) * up_e(x_t)), then + shared[t]
  * (skipped when shared == NULL) -- moe_forward's order and roundings:
  * y = 0; y += ye * w (product rounded, then the sum); y += shared.
+ * Expert parallelism (wt->e0, wt->E_route): the sum runs over the chosen ids
+ * in [e0, e0 + E) only (local expert id - e0); a chosen id of another rank
+ * (in [0, E_route) outside that range) adds nothing.
  *   wt: device kn_moe_weights (KN_I4IL); x f32 [T, H] (16-byte aligned);
- *   ids int32 [T, k] (from kn_moe_route or any source: an id outside [0, E)
- *   or an expert chosen twice by one token is refused ON THE DEVICE: that
- *   token's y row is NaN, and *bad_flag = 1 when bad_flag != NULL);
+ *   ids int32 [T, k] (from kn_moe_route or any source: an id outside
+ *   [0, E_route) or an expert chosen twice by one token is refused ON THE
+ *   DEVICE: that token's y row is NaN, and *bad_flag = 1 when bad_flag !=
+ *   NULL);
  *   wts f32 [T, k]; shared f32 [T, H] or NULL (the shared expert's output,
  *   from kn_matmul / kn_silu_mul); ws: workspace of kn_moe_workspace_bytes
  *   (256-byte aligned); y f32 [T, H], must not alias x or shared.

@@ -85,6 +85,7 @@ typedef struct dev_dims {
     int64_t hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, n_layers, max_pos;
     /* DeepSeek-V3 / Kimi (deepseek): MLA and MoE shapes */
     int64_t q_lora, kv_lora, qk_nope, qk_rope, v_head, experts, top_k, moe_inter, shared_inter;
+    int64_t experts_held; /* routed experts in this rank's memory: all (TP: each split inside), E/N (expert parallel) */
     int64_t weight_bytes; /* estimate of the bytes weight_place copies */
     int64_t replicated;   /* DeepSeek-V3: bytes of q_a / kv_a_proj_with_mqa / router every TP rank keeps whole */
 } dev_dims;
@@ -144,6 +145,7 @@ static int dims_hf(const char *dir, dev_dims *d, specd_err *err) {
     if (d->deepseek) { /* one latent "KV head" of kv_lora_rank + rope (deepseek_v3.c) */
         d->q_lora = hc.q_lora_rank, d->kv_lora = hc.kv_lora_rank, d->qk_nope = hc.qk_nope, d->qk_rope = hc.qk_rope;
         d->v_head = hc.v_head, d->experts = hc.n_routed_experts, d->top_k = hc.n_experts_per_tok;
+        d->experts_held = d->experts;
         d->moe_inter = hc.moe_intermediate, d->shared_inter = (int64_t)hc.moe_intermediate * hc.n_shared_experts;
         d->n_kv_heads = 1, d->head_dim = hc.kv_lora_rank + hc.qk_rope;
         d->replicated = 2 * d->n_layers * d->hidden * ((hc.q_lora_rank > 0 ? hc.q_lora_rank : 0) + d->head_dim +
@@ -343,7 +345,10 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
         d.n_kv_heads = d.n_kv_heads % world == 0 ? d.n_kv_heads / world : 1; /* MLA: the one latent, replicated */
         if (d.ffn % world == 0) d.ffn /= world;
         if (d.deepseek) { /* every expert and the shared experts split inside (what tp_shard.c cannot cut it refuses) */
-            if (d.moe_inter % world == 0) d.moe_inter /= world;
+            /* expert parallel: E/N experts whole instead (moe_place holds E/N of width moe_inter; the weight bytes
+             * above are the same files / N: the routed experts' share is (their bytes) / N either way) */
+            if (cfg->enable_expert_parallel && d.experts % world == 0) d.experts_held /= world;
+            else if (d.moe_inter % world == 0) d.moe_inter /= world;
             if (d.shared_inter % world == 0) d.shared_inter /= world;
         }
     }
@@ -371,7 +376,7 @@ static int bundle_backend(const char *model_path, const specd_config *cfg, int r
                       .sample_vocab = (int32_t)d.vocab}; /* the device sampler's staging + scratch, carved at create */
     if (d.deepseek) { /* MLA scratch, the MoE routing + workspace for a full step: carved at create (fixed) */
         o.mla_kv_lora_rank = (int32_t)d.kv_lora;
-        o.moe_experts = (int32_t)d.experts, o.moe_top_k = (int32_t)d.top_k;
+        o.moe_experts = (int32_t)d.experts_held, o.moe_top_k = (int32_t)d.top_k;
         o.moe_hidden = (int32_t)H, o.moe_inter = (int32_t)d.moe_inter;
     }
     draft_dims dd = {0};
@@ -732,16 +737,42 @@ static int bundle_graphs(const specd_config *cfg, specd_bundle *b, specd_err *er
     return 0;
 }
 
+/* --enable-expert-parallel needs TP > 1 and a mixture-of-experts model whose routed experts the ranks divide:
+ * refused here, before any rank starts (the model's loader refuses the same at load: tp_shard.c). */
+static int ep_check(const char *model_path, const specd_config *cfg, specd_err *err) {
+    if (!cfg->enable_expert_parallel) return 0;
+    const int N = cfg->tensor_parallel_size;
+    if (N <= 1)
+        return specd_err_set(err, "--enable-expert-parallel splits the routed experts across the tensor-parallel "
+                                  "ranks: it needs --tensor-parallel-size > 1 (got %d)", N);
+    if (!is_dir(model_path))
+        return specd_err_set(err, "--enable-expert-parallel: %s is a GGUF file, loaded as a dense llama model; expert "
+                                  "parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)", model_path);
+    hf_config hc;
+    if (hf_config_load(model_path, &hc, err) < 0) return specd_err_wrap(err, "--enable-expert-parallel");
+    const int E = hc.arch != MODEL_ARCH_LLAMA && hc.first_k_dense < hc.n_layers ? hc.n_routed_experts : 0;
+    if (E <= 0)
+        return specd_err_set(err, "--enable-expert-parallel: %s has no routed experts (a dense %s model); expert "
+                                  "parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)", model_path,
+                             hc.model_type);
+    if (E % N)
+        return specd_err_set(err, "--enable-expert-parallel: --tensor-parallel-size %d does not divide the %d routed "
+                                  "experts of %s (each rank holds E/N whole experts)", N, E, model_path);
+    return 0;
+}
+
 int specd_bundle_load(const char *model_path, const specd_config *cfg, const char *const *worker_argv,
                       specd_bundle *b, specd_err *err) {
     memset(b, 0, sizeof *b);
     if (specd_config_resolve(cfg, &b->spec, err)) return -1;
+    if (ep_check(model_path, cfg, err) < 0) return -1;
     if (cfg->tensor_parallel_size > 1 && tp_launch(cfg, worker_argv, b, err) < 0) goto fail;
     int64_t kv_bytes = cfg->kv_cache_memory;
     if (bundle_backend(model_path, cfg, 0, b->rk ? cfg->tensor_parallel_size : 1, b, &kv_bytes, err) < 0) goto fail;
     if (b->rk && tp_agree(ranks_comm(b->rk), cfg, b->be, &kv_bytes, &b->tp_dev, &b->tp_comm, err) < 0) goto fail;
     model_load_opts mo = {.block_size = cfg->block_size, .kv_bytes = kv_bytes, .n_blocks = 0,
-                          .tp = b->rk ? &b->tp_comm : NULL, .load_threads = cfg->load_threads};
+                          .tp = b->rk ? &b->tp_comm : NULL, .load_threads = cfg->load_threads,
+                          .expert_parallel = cfg->enable_expert_parallel};
     if (model_load(model_path, b->be, &mo, &b->m, err)) {
         specd_err_wrap(err, "loading %s", model_path);
         goto fail;
@@ -912,6 +943,7 @@ int specd_check_config(const char *model_path, const specd_config *cfg, specd_er
         specd_err_set(err, "model %s: not readable", model_path);
         goto done;
     }
+    if (ep_check(model_path, cfg, err) < 0) goto done;
     if (auth_create(cfg->api_key, cfg->api_key_file, &a, err)) goto done;
     if (specd_tokenizer_load(model_path, NULL, &b, err)) {
         specd_err_wrap(err, "model %s", model_path);
@@ -1058,7 +1090,8 @@ int specd_tp_worker_main(int argc, char **argv) {
         comm_abort(c, err.msg); /* the group's reason: "rank R: ..." */
         goto out;
     }
-    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc, .load_threads = cfg.load_threads};
+    model_load_opts mo = {.block_size = cfg.block_size, .kv_bytes = kv_bytes, .tp = &mc, .load_threads = cfg.load_threads,
+                          .expert_parallel = cfg.enable_expert_parallel};
     if (model_load(pos[0], wb.be, &mo, &m, &err) < 0) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "loading the shard: %.200s", err.msg);

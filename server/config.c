@@ -62,6 +62,11 @@ const cfg_option specd_serve_options[] = {
     {"tensor-parallel-size", CFG_INT, "1", 1, 64, OFF(tensor_parallel_size), CFG_ENGINE, NULL,
      "ranks the target is split across (Megatron layout; each rank a process of this binary with --threads "
      "threads; rank 0 serves HTTP; docs/engine.md)"},
+    {"enable-expert-parallel", CFG_BOOL, "false", NOB, OFF(enable_expert_parallel), CFG_ENGINE, NULL,
+     "with --tensor-parallel-size N on a DeepSeek-V3 / Kimi model: the routed experts split across the ranks "
+     "whole (rank r holds experts r E/N .. (r+1) E/N - 1 and reads only their bytes) instead of 1/N of every "
+     "expert; attention, dense MLP and shared expert stay tensor-parallel (vLLM's flag; docs/kimi-k2.5.md "
+     "\"Expert parallelism\")"},
     {"device", CFG_STR, "auto", NOB, OFF(device), CFG_ENGINE, "auto|cpu|cuda",
      "compute device: auto = cuda when a usable GPU is found and the model runs there, else cpu (one log line "
      "says why); cuda refuses to start without one"},

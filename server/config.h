@@ -94,6 +94,7 @@ typedef struct specd_config {
     int32_t threads;           /* CPU compute threads, 0 = all cores */
     int32_t load_threads;      /* reader threads per rank for a safetensors checkpoint, 0 = min(8, cores) */
     int32_t tensor_parallel_size; /* ranks (processes) the target is split across; 1 = no TP */
+    bool enable_expert_parallel; /* routed experts split whole across the TP ranks (model_load_opts.expert_parallel) */
     char *device;              /* "auto" | "cpu" | "cuda" */
     char *tp_comm;             /* "auto" | "shm" | "cuda_ipc" | "nccl": TP collectives on device memory */
     double gpu_memory_utilization; /* cuda: fraction of total GPU memory, (0, 1] */

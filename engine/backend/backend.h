@@ -227,6 +227,8 @@ typedef struct bk_verify_seq {
 typedef struct bk_moe_experts {
     int32_t E, H, I;
     void *w13, *s13, *w2, *s2;
+    int32_t e0;   /* expert parallelism: local expert j is routed expert e0 + j of bk_moe_cfg.E (0: all of them);
+                     set by the caller after moe_place */
 } bk_moe_experts;
 /* noaux_tc routing configuration (hf_config's fields of the same names). */
 typedef struct bk_moe_cfg {
@@ -366,9 +368,11 @@ typedef struct bk_ops {
     int (*moe_place)(void *ctx, int32_t E, const bk_weight *gate, const bk_weight *up, const bk_weight *down,
                      bk_moe_experts *out);
     /* y [T, H] = sum over the k experts that noaux_tc routing (dsv3_route's semantics) picks from
-     * logits F32 [T, E] (the router matmul) and bias F32 [1, E], in ascending expert id, of
-     * w x down(silu(gate(x)) * up(x)), then + shared [T, H] (NULL: none): moe_forward's order and
-     * roundings (kernels/kn_moe.h kn_moe_experts). x F32 [T, H]; y must not alias x or shared. */
+     * logits F32 [T, E] (the router matmul; E = cfg->E, all routed experts) and bias F32 [1, E], in
+     * ascending expert id, of w x down(silu(gate(x)) * up(x)), then + shared [T, H] (NULL: none):
+     * moe_forward's order and roundings (kernels/kn_moe.h kn_moe_experts). Expert parallelism: ex holds
+     * experts [ex->e0, ex->e0 + ex->E) of the E; the sum runs over the chosen ones among them only.
+     * x F32 [T, H]; y must not alias x or shared. */
     int (*moe)(void *ctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, const bk_tensor *logits,
                const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y);
     /* Graph capture and replay (CUDA graphs); NULL on backends without it

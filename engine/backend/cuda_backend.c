@@ -1087,13 +1087,13 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
                   const bk_tensor *bias, const bk_tensor *x, const bk_tensor *shared, bk_tensor *y) {
     cu_ctx *c = vctx;
     const int64_t T = x->rows;
-    CU_REQUIRE(ex->w13 && cfg->E == ex->E && x->cols == ex->H && y->rows == T && y->cols == ex->H &&
+    CU_REQUIRE(ex->w13 && ex->e0 >= 0 && (int64_t)ex->e0 + ex->E <= cfg->E && x->cols == ex->H && y->rows == T && y->cols == ex->H &&
                    logits->rows == T && logits->cols == cfg->E && bias->rows * bias->cols == cfg->E &&
                    (!shared || (shared->rows == T && shared->cols == ex->H)) && T >= 1 && T <= BK_CUDA_MAX_STEP_TOKENS &&
                    cfg->k >= 1 && cfg->k <= 64,
-               "moe: x [%lld, %lld], logits [%lld, %lld], y [%lld, %lld] for %d experts of [%d | %d], top %d",
+               "moe: x [%lld, %lld], logits [%lld, %lld], y [%lld, %lld] for experts %d..%d of %d [%d | %d], top %d",
                (long long)x->rows, (long long)x->cols, (long long)logits->rows, (long long)logits->cols,
-               (long long)y->rows, (long long)y->cols, ex->E, ex->H, ex->I, cfg->k);
+               (long long)y->rows, (long long)y->cols, ex->e0, ex->e0 + ex->E - 1, cfg->E, ex->H, ex->I, cfg->k);
     const int32_t rows = (int32_t)T * cfg->k;
     const size_t ws = kn_moe_workspace_bytes((int32_t)T, cfg->k, ex->E, ex->H, ex->I);
     CU_REQUIRE(c->moe_ids, "moe: this backend was created without MoE bounds (bk_cuda_opts.moe_experts / moe_top_k "
@@ -1108,7 +1108,8 @@ static int cu_moe(void *vctx, const bk_moe_experts *ex, const bk_moe_cfg *cfg, c
                c->o.moe_hidden, c->o.moe_inter, c->moe_ws_bytes);
     const kn_moe_route_cfg rc = {cfg->E, cfg->k, cfg->n_group, cfg->topk_group, cfg->norm_topk_prob,
                                  cfg->routed_scaling};
-    const kn_moe_weights kw = {ex->E, ex->H, ex->I, ex->w13, ex->s13, ex->w2, ex->s2};
+    /* expert parallel: the routing picks among all cfg->E, this rank's ex->E from ex->e0 run (kn_moe.h) */
+    const kn_moe_weights kw = {ex->E, ex->H, ex->I, ex->w13, ex->s13, ex->w2, ex->s2, ex->e0, cfg->E};
     CU_CHECK(kn_moe_route(logits->data, bias->data, (int32_t)T, &rc, c->moe_ids, c->moe_w, c->stream));
     CU_CHECK(kn_moe_experts(&kw, x->data, c->moe_ids, c->moe_w, (int32_t)T, cfg->k, shared ? shared->data : NULL,
                             c->moe_ws, c->moe_ws_bytes, y->data, NULL, c->stream));

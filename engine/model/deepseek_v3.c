@@ -314,7 +314,9 @@ static int ds_load_layer(ds_loader *L, int32_t l, specd_err *err) {
     Y->ex_up = ds_own(s, sizeof(bk_weight) * (size_t)E);
     Y->ex_down = ds_own(s, sizeof(bk_weight) * (size_t)E);
     if (!Y->ex_gate || !Y->ex_up || !Y->ex_down) return specd_err_set(err, "out of memory");
-    for (int64_t e = 0; e < E; e++)
+    /* every expert's views are indexed by its global id; with expert parallelism only this rank's
+     * [ex0, ex0 + ex_n) are views (the others stay zeroed: never read, never used) */
+    for (int64_t e = L->m->ex0; e < L->m->ex0 + L->m->ex_n; e++)
         if (ds_expert(L, NAME("layers.%d.mlp.experts.%lld.gate_proj", l, (long long)e), Im, H, &Y->ex_gate[e], err) < 0 ||
             ds_expert(L, NAME("layers.%d.mlp.experts.%lld.up_proj", l, (long long)e), Im, H, &Y->ex_up[e], err) < 0 ||
             ds_expert(L, NAME("layers.%d.mlp.experts.%lld.down_proj", l, (long long)e), H, Im, &Y->ex_down[e], err) < 0)
@@ -332,6 +334,9 @@ int dsv3_load(model *m, const hf_config *hc, specd_err *err) {
     s->hc = *hc;
     s->absorbed = true;
     const hf_config *c = &s->hc;
+    /* the routed experts this rank holds (all of them unless expert parallel): the plan reads only theirs */
+    if (model_ep_range(m, c->first_k_dense < c->n_layers ? c->n_routed_experts : 0, err) < 0) return -1;
+    m->ex_w = c->moe_intermediate;
     if (model_st_open(m, c, &s->st, err) < 0) return -1;
     ds_loader L = {m, s, NULL, NULL};
     static const struct { const char *pre, *head; } LAYOUTS[] = {
@@ -448,9 +453,13 @@ int dsv3_place(model *m, specd_err *err) {
             if (be->ops->weight_place(be->ctx, w, w) < 0)
                 return specd_err_set(err, "placing layer %d's weights in %s memory", l, be->name);
         }
-        if (Y->moe && be->ops->moe_place(be->ctx, c->n_routed_experts, Y->ex_gate, Y->ex_up, Y->ex_down, &Y->ex_dev) < 0)
+        /* this rank's experts (all E, or [ex0, ex0 + ex_n) with expert parallelism): local expert j is global
+         * ex0 + j, which bk_moe_experts.e0 tells the moe op (routing stays over all E) */
+        if (Y->moe && be->ops->moe_place(be->ctx, m->ex_n, Y->ex_gate + m->ex0, Y->ex_up + m->ex0,
+                                         Y->ex_down + m->ex0, &Y->ex_dev) < 0)
             return specd_err_set(err, "layer %d: placing %d routed experts in %s memory failed (int4 group-32 "
-                                      "experts only; the log has the reason)", l, c->n_routed_experts, be->name);
+                                      "experts only; the log has the reason)", l, m->ex_n, be->name);
+        if (Y->moe) Y->ex_dev.e0 = m->ex0;
     }
     return 0;
 }
@@ -474,9 +483,13 @@ int dsv3_tp_slice(model *m, specd_err *err) {
     const int32_t N = m->tp_size, r = m->tp_rank, nh = c->n_heads / N;
     const int64_t n = c->qk_nope, rr = c->qk_rope, v = c->v_head;
     const int64_t I = c->intermediate, Im = c->moe_intermediate, Is = Im * c->n_shared_experts;
-    if (I % N || Im % N || Is % N)
-        return specd_err_set(err, "tensor parallel size %d does not divide the MLP widths (dense %lld, expert %lld, "
-                                  "shared %lld)", N, (long long)I, (long long)Im, (long long)Is);
+    /* expert parallel: the routed experts stay whole (model_ep_range kept only this rank's), so their width
+     * need not divide */
+    if (I % N || (!m->ep && Im % N) || Is % N)
+        return specd_err_set(err, "tensor parallel size %d does not divide the MLP widths (dense %lld, expert %lld%s, "
+                                  "shared %lld)", N, (long long)I, (long long)Im, m->ep ? " whole: expert parallel" : "",
+                             (long long)Is);
+    m->ex_w = (int32_t)(m->ep ? Im : Im / N);
     char what[96];
     for (int32_t l = 0; l < c->n_layers; l++) {
         dsv3_layer *Y = &s->layers[l];
@@ -494,7 +507,7 @@ int dsv3_tp_slice(model *m, specd_err *err) {
             snprintf(what, sizeof what, "layer %d %s down_proj", l, Y->moe ? "shared expert" : "MLP");
             if (model_slice_cols(m, what, &Y->down, (int64_t)r * w, w, err) < 0) return -1;
         }
-        if (!Y->moe) continue;
+        if (!Y->moe || m->ep) continue; /* expert parallel: this rank's experts whole, the others never loaded */
         /* every routed expert split inside: the router sees the same scores on every rank */
         const int64_t w = Im / N;
         for (int32_t e = 0; e < c->n_routed_experts; e++) {

@@ -45,6 +45,12 @@
  * q_pe and k_pe in place; transformers rotates the same pairs and writes them
  * de-interleaved, a permutation shared by q and k that leaves q.k unchanged.
  *
+ * Expert parallelism (model_load_opts.expert_parallel): routing is the same
+ * on every rank (the router replicated, the residual identical after each
+ * all-reduce); a rank runs only the experts it holds, whole, and its part of
+ * the routed sum (plus its slice of the shared expert) is summed over the
+ * ranks by the MoE block's all-reduce, the one TP already has.
+ *
  * Batch invariance (backend.h): matmul, rmsnorm, rope and attention are
  * invariant per row; the router works per token; each token's routed sum is
  * accumulated in ascending expert order, then the shared expert is added.
@@ -190,9 +196,11 @@ static int moe_forward(model *m, int32_t l, const float *h, int32_t T, float *y,
     if (h_matmul(m->be, &Y->router, h, T, logits)) { specd_err_set(err, "matmul failed"); goto done; }
     for (int32_t t = 0; t < T; t++)
         dsv3_route(c, logits + (size_t)t * E, Y->router_bias, scr, ids + (size_t)t * k, w + (size_t)t * k);
-    /* routed experts in ascending id, each on its tokens; y[t] accumulates in that order */
+    /* routed experts in ascending id, each on its tokens; y[t] accumulates in that order. Every rank routes
+     * over all E; with expert parallelism it runs only its own [ex0, ex0 + ex_n) (whole), so y holds their
+     * part of the sum and the MoE block's all-reduce adds the other ranks' (in rank order) */
     memset(y, 0, sizeof(float) * (size_t)T * H);
-    for (int32_t e = 0; e < E; e++) {
+    for (int32_t e = m->ex0; e < m->ex0 + m->ex_n; e++) {
         int32_t nt = 0;
         for (int32_t t = 0; t < T; t++)
             for (int32_t j = 0; j < k; j++)

@@ -24,8 +24,15 @@
  *           3.5-4x slower cached, a syscall per 128 bytes
  *   replicated  whole (norms, the latent down-projections, the router,
  *           the embedding: every rank looks up any token id)
+ *   expert parallel (model_load_opts.expert_parallel): a routed expert's
+ *           tensors whole when the rank holds it ([ex0, ex0 + ex_n),
+ *           model_ep_range), not at all otherwise: a rank reads E/N whole
+ *           experts (their packed words, scales and shapes are contiguous
+ *           tensors) instead of 1/N of every expert with the down_proj
+ *           read whole
  *   not read: tensors with no role (vision tower), layers past
- *           num_hidden_layers (an MTP module), a tied lm_head.weight.
+ *           num_hidden_layers (an MTP module), a tied lm_head.weight,
+ *           other ranks' experts under expert parallelism.
  * At TP 1 that is every tensor the model uses, whole.
  * The reads put the bytes in the page cache, where the read-only mapping's
  * views (and model_slice_cols, and a device backend's weight_place staging)
@@ -105,16 +112,29 @@ static int plan_llama(st_plan *p, const st_model *st, const hf_config *hc, int32
     return 0;
 }
 
+/* The routed expert index of "...mlp.experts.E....", or -1 (the shared experts are "shared_experts."). */
+static long expert_of(const char *name) {
+    const char *p = strstr(name, ".mlp.experts.");
+    if (!p) return -1;
+    char *end;
+    const long e = strtol(p + 13, &end, 10);
+    return end != p + 13 && *end == '.' ? e : -1;
+}
+
+/* ex0, ex_n: the routed experts the rank holds (model_ep_range); ep: held whole (expert parallel) */
 static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_t r, int32_t N, int64_t row_min,
-                     specd_err *err) {
+                     bool ep, int32_t ex0, int32_t ex_n, specd_err *err) {
     for (size_t i = 0; i < st_n_tensors(st); i++) {
         const st_tensor *t = st_tensor_at(st, i);
         const char *nm = t->name;
         const int s = dsv3_tensor_parallel(nm);
-        const long l = layer_of(nm);
+        const long l = layer_of(nm), e = expert_of(nm);
         if (s < 0 || l >= hc->n_layers) continue; /* no role (vision tower), or an MTP layer: never loaded */
+        if (e >= 0 && (e < ex0 || e >= (long)ex0 + ex_n)) continue; /* another rank's expert (expert parallel) */
         int rc;
-        if (has_suffix(nm, "embed_tokens.weight")) {
+        if (e >= 0 && ep) {
+            rc = st_plan_whole(p, st, t, err); /* this rank's expert, whole: contiguous in the shard */
+        } else if (has_suffix(nm, "embed_tokens.weight")) {
             rc = st_plan_whole(p, st, t, err); /* replicated in the model (any rank embeds any id) */
         } else if (has_suffix(nm, "lm_head.weight")) {
             if (hc->tie_embeddings) continue;
@@ -129,6 +149,41 @@ static int plan_dsv3(st_plan *p, const st_model *st, const hf_config *hc, int32_
     return 0;
 }
 
+/* This rank's plan over ST (merged): what model_st_open reads. */
+static int plan_rank(st_plan *p, const st_model *st, const hf_config *hc, const model *m, int32_t r, int32_t N,
+                     specd_err *err) {
+    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
+    return hc->arch == MODEL_ARCH_LLAMA ? plan_llama(p, st, hc, r, N, row_min, err)
+                                        : plan_dsv3(p, st, hc, r, N, row_min, m->ep, m->ex0, m->ex_n, err);
+}
+
+int model_plan_rank_bytes(const char *dir, int32_t N, int32_t r, bool expert_parallel, int32_t row_min,
+                          int64_t *bytes, int64_t *files, specd_err *err) {
+    hf_config hc;
+    if (hf_config_load(dir, &hc, err) < 0) return -1;
+    model m = {0};
+    model_comm mc = {.rank = r, .size = N};
+    m.tp = N > 1 ? &mc : NULL;
+    m.ep = expert_parallel;
+    m.load_row_min = row_min;
+    if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
+    if (hc.arch == MODEL_ARCH_LLAMA && m.ep)
+        return specd_err_set(err, "expert parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi)");
+    if (hc.arch != MODEL_ARCH_LLAMA &&
+        model_ep_range(&m, hc.first_k_dense < hc.n_layers ? hc.n_routed_experts : 0, err) < 0)
+        return -1;
+    st_model *st = NULL;
+    if (st_open_ex(dir, 0, &st, err) < 0) return -1;
+    st_plan p = {0};
+    const int rc = plan_rank(&p, st, &hc, &m, r, N, err);
+    *bytes = rc < 0 ? 0 : (int64_t)st_plan_merge(&p);
+    *files = 0;
+    for (int s = 0; s < st_n_shards(st); s++) *files += (int64_t)st_shard_size(st, s);
+    st_plan_free(&p);
+    st_close(st);
+    return rc;
+}
+
 int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err) {
     if (st_open_ex(m->path, m->load_st_flags, out, err) < 0) return -1;
     const double t0 = model_now_s();
@@ -139,9 +194,7 @@ int model_st_open(model *m, const hf_config *hc, st_model **out, specd_err *err)
     if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
     st_plan p = {0};
     st_load_stats s;
-    const int64_t row_min = m->load_row_min > 0 ? m->load_row_min : MODEL_LOAD_ROW_MIN;
-    const int rc = hc->arch == MODEL_ARCH_LLAMA ? plan_llama(&p, *out, hc, r, N, row_min, err)
-                                                : plan_dsv3(&p, *out, hc, r, N, row_min, err);
+    const int rc = plan_rank(&p, *out, hc, m, r, N, err);
     if (rc < 0 || st_prefetch(*out, &p, m->load_threads, &s, err) < 0) {
         st_plan_free(&p);
         return -1;

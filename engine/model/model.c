@@ -176,11 +176,17 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
     m->load_lazy = opts && opts->load_lazy;
     m->load_st_flags = opts ? opts->load_st_flags : 0;
     m->load_row_min = opts ? opts->load_row_min : 0;
+    m->ep = opts && opts->expert_parallel;
     const double t0 = model_now_s();
     if (S_ISDIR(st.st_mode)) { /* HF directory: config.json decides the architecture */
         hf_config hc;
         if (hf_config_load(path, &hc, err) < 0) goto fail;
         if (hc.arch == MODEL_ARCH_LLAMA) {
+            if (m->ep) {
+                specd_err_set(err, "expert parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi); this is "
+                                   "a dense %s model", hc.model_type);
+                goto fail;
+            }
             if (llama_load_hf(m, &hc, &ma->st, err) < 0 || model_tp_shard(m, err) < 0 ||
                 model_alloc_kv(m, opts, err) < 0)
                 goto fail;
@@ -192,6 +198,11 @@ int model_load(const char *path, backend *be, const model_load_opts *opts, model
         goto loaded;
     }
     m->load_info.bytes_files = (int64_t)st.st_size;
+    if (m->ep) {
+        specd_err_set(err, "expert parallelism needs a mixture-of-experts model (DeepSeek-V3 / Kimi, a Hugging Face "
+                           "directory); a GGUF file is loaded as a dense llama model");
+        goto fail;
+    }
     if (gguf_open(path, &m->gguf, err) < 0) goto fail;
     if (llama_load_gguf(m, err) < 0) goto fail;
     const int32_t hd = m->cfg.head_dim;

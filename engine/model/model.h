@@ -90,9 +90,23 @@ typedef struct model_load_opts {
     unsigned load_st_flags;  /* st_open_ex flags: 0, or the test aid ST_OPEN_POISON (safetensors.h) */
     int32_t load_row_min;    /* a row-parallel tensor is read row by row (the rank's columns) when they are at
                                 least this many bytes a row, else whole (0: MODEL_LOAD_ROW_MIN) */
+    bool expert_parallel;    /* DeepSeek-V3 / Kimi with tp: the routed experts are split across the ranks WHOLE
+                                (vLLM's --enable-expert-parallel): rank r of N keeps experts [r E/N, (r+1) E/N)
+                                and reads only their bytes; attention, the dense MLP and the shared expert stay
+                                tensor-parallel, routing replicated; the MoE block's all-reduce sums the experts'
+                                contributions. Refused for a model without routed experts and when N does not
+                                divide E (tp_shard.c; docs/kimi-k2.5.md "Expert parallelism") */
 } model_load_opts;
 
 #define MODEL_LOAD_ROW_MIN 1024 /* load_plan.c: measured by tests/perf/bench_load */
+
+/* The checkpoint bytes rank R of N would read from the Hugging Face safetensors directory DIR (the load
+ * plan of engine/model/load_plan.c, merged; expert_parallel and row_min as model_load_opts'), without
+ * reading any weight: only config.json and the safetensors headers are read, so it works on a checkpoint
+ * whose data are absent (sparse files: tests/loader/test_kimi_plan.py computes Kimi-K2.5's real per-rank
+ * figures that way). *files: the shards' sizes together. -1 with the reason. */
+int model_plan_rank_bytes(const char *dir, int32_t N, int32_t r, bool expert_parallel, int32_t row_min,
+                          int64_t *bytes, int64_t *files, specd_err *err);
 
 /* What loading cost this rank (model_get_load_info). */
 typedef struct model_load_info {
@@ -110,6 +124,9 @@ typedef struct model_shard_info {
     int32_t rank, size;
     int32_t n_heads, n_kv_heads, ffn; /* local attention heads, KV heads (replicated when fewer than ranks), MLP width */
     int32_t vocab_rows;      /* LM-head rows held here (vocabulary-parallel), or the whole vocabulary */
+    bool expert_parallel;    /* routed experts held whole: [expert0, expert0 + n_experts); else every expert, split */
+    int32_t expert0, n_experts; /* routed experts held (all E at TP without EP, and for a dense model 0, 0) */
+    int32_t expert_width;    /* columns of each routed expert held: moe_intermediate (EP, TP 1) or / N (TP) */
     int64_t weight_bytes;    /* bytes of weights this rank keeps in backend memory or maps (its slices) */
     int64_t kv_bytes;        /* KV pool of this rank */
 } model_shard_info;

@@ -54,6 +54,9 @@ struct model {
     int32_t ffn_l;                    /* local MLP width */
     int32_t vocab_l;                  /* LM-head rows held (vocab / size when split, else vocab) */
     bool vocab_split;                 /* LM head vocabulary-parallel (logits all-gathered) */
+    bool ep;                          /* expert parallelism asked (model_load_opts.expert_parallel) */
+    int32_t ex0, ex_n;                /* DeepSeek-V3: routed experts this rank holds, [ex0, ex0 + ex_n) (model_ep_range) */
+    int32_t ex_w;                     /* their width held (moe_intermediate, or / N when split inside) */
     bk_weight lm_head_full;           /* the whole LM head as loaded (a view), for a draft that shares it */
     bk_weight embed_host, lm_head_host; /* embed / lm_head as loaded (host views), kept by model_place for a
                                           draft head on a host backend next to a device target */
@@ -144,6 +147,10 @@ int dsv3_tp_slice(model *m, specd_err *err);
 int64_t dsv3_weight_bytes(const model *m);
 /* Sum of x over the ranks (after a row-parallel linear); no-op at TP 1. */
 int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err);
+/* tp_shard.c: the routed experts rank m->tp of N holds, from E experts, into m->ex0 / m->ex_n: with
+ * expert parallelism [r E/N, (r+1) E/N) (refused, -1 with the reason, when E is 0 or N does not divide it),
+ * else all of them. Called by the DeepSeek-V3 loader and the load plan before any expert is read. */
+int model_ep_range(model *m, int32_t E, specd_err *err);
 int llama_forward(model *m, const model_batch *b, specd_err *err);
 /* Whether b's aux capture goes to the reserved buffer m->aux_dev (same layers, rows enough). */
 bool model_aux_fixed(const model *m, const model_batch *b);

@@ -107,9 +107,16 @@ int model_tp_shard(model *m, specd_err *err) {
         m->ffn_l = c->ffn / N;
         m->weight_bytes = weight_bytes(&m->embed) + (c->tied_embeddings ? 0 : weight_bytes(&m->lm_head)) +
                           dsv3_weight_bytes(m);
-        LOG_INFO("tensor parallel rank %d/%d: %d of %d MLA heads (latent replicated), MLPs and experts split "
-                 "inside (1/%d of every expert), LM head %s",
-                 r, N, m->nh_l, c->n_heads, N, m->vocab_split ? "split by vocabulary" : "replicated");
+        if (m->ep)
+            LOG_INFO("tensor parallel rank %d/%d: %d of %d MLA heads (latent replicated), dense MLP and shared expert "
+                     "split inside, routed experts %d..%d of %d whole (expert parallel), LM head %s, %.1f MiB of "
+                     "weights", r, N, m->nh_l, c->n_heads, m->ex0, m->ex0 + m->ex_n - 1, m->ex_n * N,
+                     m->vocab_split ? "split by vocabulary" : "replicated", (double)m->weight_bytes / (1 << 20));
+        else
+            LOG_INFO("tensor parallel rank %d/%d: %d of %d MLA heads (latent replicated), MLPs and experts split "
+                     "inside (1/%d of every expert), LM head %s, %.1f MiB of weights",
+                     r, N, m->nh_l, c->n_heads, N, m->vocab_split ? "split by vocabulary" : "replicated",
+                     (double)m->weight_bytes / (1 << 20));
         return 0;
     }
     if (N > 1) {
@@ -162,6 +169,23 @@ int model_tp_shard(model *m, specd_err *err) {
     return 0;
 }
 
+int model_ep_range(model *m, int32_t E, specd_err *err) {
+    const int32_t N = m->tp ? m->tp->size : 1, r = m->tp ? m->tp->rank : 0;
+    m->ex0 = 0;
+    m->ex_n = E;
+    if (!m->ep) return 0;
+    if (E <= 0)
+        return specd_err_set(err, "expert parallelism needs routed experts: this model has none (n_routed_experts "
+                                  "%d)", E);
+    if (N < 1 || r < 0 || r >= N) return specd_err_set(err, "bad tensor-parallel rank %d of %d", r, N);
+    if (E % N)
+        return specd_err_set(err, "expert parallelism over %d ranks: %d does not divide the %d routed experts (each "
+                                  "rank holds E/N whole experts)", N, N, E);
+    m->ex_n = E / N;
+    m->ex0 = r * m->ex_n;
+    return 0;
+}
+
 int model_tp_all_reduce(model *m, bk_tensor *x, specd_err *err) {
     if (m->tp_size <= 1) return 0;
     return m->tp->all_reduce(m->tp->ctx, x, err);
@@ -174,6 +198,10 @@ void model_get_shard(const model *m, model_shard_info *o) {
     o->n_kv_heads = m->nkv_l;
     o->ffn = m->ffn_l;
     o->vocab_rows = m->vocab_l;
+    o->expert_parallel = m->ep;
+    o->expert0 = m->ex0;
+    o->n_experts = m->ex_n;
+    o->expert_width = m->ex_w;
     o->weight_bytes = m->weight_bytes;
     o->kv_bytes = model_kv_bytes_per_token(m) * m->block_size * m->n_blocks;
 }

@@ -683,8 +683,9 @@ int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids,
         float *yt = y + (size_t)t * H;
         const int32_t *it = ids + (size_t)t * k;
         int bad = 0;
+        const int32_t e0 = wt->e0, Er = wt->E_route > 0 ? wt->E_route : E; /* expert parallel: [e0, e0 + E) of Er */
         for (int32_t j = 0; j < k; j++) {
-            bad |= it[j] < 0 || it[j] >= E;
+            bad |= it[j] < 0 || it[j] >= Er;
             for (int32_t j2 = 0; j2 < j; j2++) bad |= it[j] == it[j2];
         }
         if (bad) {
@@ -693,9 +694,9 @@ int kn_moe_experts(const kn_moe_weights *wt, const float *x, const int32_t *ids,
             continue;
         }
         memset(yt, 0, sizeof(float) * (size_t)H);
-        for (int32_t e = 0; e < E; e++) /* ascending expert id */
+        for (int32_t e = 0; e < E; e++) /* ascending expert id: local e is routed expert e0 + e */
             for (int32_t j = 0; j < k; j++) {
-                if (it[j] != e) continue;
+                if (it[j] != e0 + e) continue;
                 const uint32_t *w13 = wt->w13 + (size_t)e * 2 * I * (H / 8), *w2 = wt->w2 + (size_t)e * H * (I / 8);
                 const uint16_t *s13 = wt->s13 + (size_t)e * 2 * I * (H / 32), *s2 = wt->s2 + (size_t)e * H * (I / 32);
                 kn_i4_unpack(w13, 2 * I, H, u13), kn_i4_unpack(w2, H, I, u2);

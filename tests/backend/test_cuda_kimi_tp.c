@@ -57,6 +57,12 @@
  * with `--tp-comm cuda_ipc` == the run with shm staging == a rerun, bit for
  * bit; CPU TP N's greedy == TP 1's; the refusal; speculative greedy == plain
  * greedy on the GPU group (device sampling), batch 1 and 8, the oracle.
+ * Expert parallelism (model_load_opts.expert_parallel; kinds "cpu+ep" / "dev+ep"): k25 at EP 2 and 4 (4
+ * works: the experts are not cut) and wide8 at EP 4 and 8, every rank holding E / N whole experts (moe_place
+ * of its [e0, e0 + E/N), bk_moe_experts.e0; the MoE workspace planned for E / N experts of full width):
+ * fake-device EP N == CPU EP N bit for bit, CPU EP N greedy == TP 1's, logits within 2e-3 of TP 1's; the
+ * speculative runs at EP 2 (head, batch 1 and 8; oracle) == plain greedy. On the GPU: wide8 at EP 4 and
+ * the speculative runs at EP 2; under run_tp.sh kimi (KIMI_TP_QUICK): wide8 at EP 2 through cuda_ipc.
  * Not checked here: nccl; `specd serve` at TP on the GPU (kimi_c_tp_cuda_gpu).
  */
 #include <math.h>
@@ -94,16 +100,22 @@ static int n_fail;
 /* The device ranks' collectives: --tp-comm's name, passed to the workers. */
 static const char *dev_comm_name(void) { return ON_FAKE ? tp_comm_kind_name(tp_fake_dev_comm()) : "cuda_ipc"; }
 
+/* A rank's kind: "cpu" or "dev" (the fake device / the GPU), "+ep" appended for expert parallelism. */
+static bool kind_dev(const char *kind) { return strncmp(kind, "cpu", 3) != 0; }
+static bool kind_ep(const char *kind) { return strstr(kind, "+ep") != NULL; }
+
 /* The (fake) device of one rank of N with the bounds server/bundle.c plans for it: this rank's heads, the
- * latent, the MoE of its expert slices (width I / N). */
-static backend *dev_backend(const char *path, int N, specd_err *err) {
+ * latent, the MoE of its expert slices (width I / N), or with expert parallelism (ep) of its E / N whole
+ * experts. */
+static backend *dev_backend(const char *path, int N, bool ep, specd_err *err) {
     hf_config hc;
     if (hf_config_load(path, &hc, err) < 0) return NULL;
     bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)(N >= 4 ? 192 : 384) << 20, .max_tokens = 64, .max_seqs = 9, .max_len = 256,
                       .block_size = KS_BS, .max_heads = hc.n_heads / N, .max_head_dim = hc.kv_lora_rank + hc.qk_rope,
                       .staging_bytes = 1 << 20, .mla_kv_lora_rank = hc.kv_lora_rank,
-                      .moe_experts = hc.n_routed_experts, .moe_top_k = hc.n_experts_per_tok, .moe_hidden = hc.hidden,
-                      .moe_inter = hc.moe_intermediate / N};
+                      .moe_experts = ep ? hc.n_routed_experts / N : hc.n_routed_experts,
+                      .moe_top_k = hc.n_experts_per_tok, .moe_hidden = hc.hidden,
+                      .moe_inter = ep ? hc.moe_intermediate : hc.moe_intermediate / N};
     return bk_cuda_create(&o, err);
 }
 
@@ -111,7 +123,7 @@ static void be_destroy(backend *be, bool on_dev) {
     if (be) on_dev ? bk_cuda_destroy(be) : bk_cpu_destroy(be);
 }
 
-/* Worker: `test --tp-worker cpu|dev PATH COMM --specd-comm-...`. */
+/* Worker: `test --tp-worker cpu|dev[+ep] PATH COMM --specd-comm-...`. */
 static int worker_main(int argc, char **argv) {
     ranks_worker w;
     specd_err err = {{0}};
@@ -121,15 +133,15 @@ static int worker_main(int argc, char **argv) {
         return 1;
     }
     const char *kind = argv[2], *path = argv[3];
-    const bool on_dev = strcmp(kind, "cpu") != 0;
+    const bool on_dev = kind_dev(kind), ep = kind_ep(kind);
     tp_comm_kind ck = TP_COMM_AUTO;
-    backend *be = tp_comm_kind_parse(argv[4], &ck, &err) < 0 ? NULL : on_dev ? dev_backend(path, w.world, &err)
+    backend *be = tp_comm_kind_parse(argv[4], &ck, &err) < 0 ? NULL : on_dev ? dev_backend(path, w.world, ep, &err)
                                                                             : bk_cpu_create(1);
     tp_dev_comm *dev = NULL;
     model_comm mc;
     model *m = NULL;
     int rc = 1;
-    model_load_opts o = {.block_size = KS_BS, .n_blocks = NBLK, .latent_bf16 = true};
+    model_load_opts o = {.block_size = KS_BS, .n_blocks = NBLK, .latent_bf16 = true, .expert_parallel = ep};
     if (!be) {
         char why[COMM_REASON_MAX];
         snprintf(why, sizeof why, "device start failed: %.200s", err.msg);
@@ -164,7 +176,8 @@ typedef struct run {
  * name, cname); the latent cache in bf16 everywhere. */
 static int run_open(run *r, const char *path, int N, const char *kind, const char *cname, specd_err *err) {
     memset(r, 0, sizeof *r);
-    r->on_dev = strcmp(kind, "cpu") != 0;
+    r->on_dev = kind_dev(kind);
+    const bool ep = kind_ep(kind);
     tp_comm_kind ck = TP_COMM_AUTO;
     if (tp_comm_kind_parse(cname, &ck, err) < 0) return -1;
     if (N > 1) {
@@ -172,9 +185,9 @@ static int run_open(run *r, const char *path, int N, const char *kind, const cha
         ranks_config rc = {.world = N, .worker_argv = argv, .comm = comm_config_default(), .attach_timeout_ms = 60000};
         if (ranks_launch(&rc, &r->rk, err) < 0) return -1;
     }
-    r->be = r->on_dev ? dev_backend(path, N, err) : bk_cpu_create(1);
+    r->be = r->on_dev ? dev_backend(path, N, ep, err) : bk_cpu_create(1);
     if (!r->be) return -1;
-    model_load_opts o = {.block_size = KS_BS, .n_blocks = NBLK, .latent_bf16 = true};
+    model_load_opts o = {.block_size = KS_BS, .n_blocks = NBLK, .latent_bf16 = true, .expert_parallel = ep};
     if (r->rk) {
         if (tp_dev_comm_open(ranks_comm(r->rk), r->be, r->on_dev ? ck : TP_COMM_AUTO, &r->dev, &r->mc, err) < 0)
             return -1;
@@ -261,50 +274,55 @@ static double gpu_vs_cpu(const char *name, int N, const ks_run *rc, const ks_run
     return worst;
 }
 
-static void check_model(const char *name, const char *path, int N) {
+/* TP N (ep false) or expert parallel N (ep: E / N whole experts per rank, the rest as at TP N). */
+static void check_model(const char *name, const char *path, int N, bool ep) {
+    const char *kc = ep ? "cpu+ep" : "cpu", *kd = ep ? "dev+ep" : "dev", *P = ep ? "EP" : "TP";
     ks_run r1, rc, rf, rg, rf2;
     memset(&rg, 0, sizeof rg), memset(&rf2, 0, sizeof rf2);
     model_shard_info si = {0};
     const int viol0 = fake_violations;
     const int ok1 = steps_on(name, path, 1, "cpu", "auto", NULL, &r1, NULL) == 0;
-    const int okc = steps_on(name, path, N, "cpu", "auto", NULL, &rc, NULL) == 0;
+    const int okc = steps_on(name, path, N, kc, "auto", NULL, &rc, NULL) == 0;
     /* the fake device must choose CPU TP's tokens by itself (its bits are the CPU's); a GPU is fed them. The GPU's
      * logic also runs on the fake with KIMI_TP_GPU_LOGIC=1 (run_tp.sh kimi, where cuda_ipc is the real one) */
     const char *gl = getenv("KIMI_TP_GPU_LOGIC");
     const bool gpu_logic = !ON_FAKE || (gl && *gl && strcmp(gl, "0"));
-    const int okf = steps_on(name, path, N, "dev", dev_comm_name(), gpu_logic ? &rc : NULL, &rf, &si) == 0;
+    const int okf = steps_on(name, path, N, kd, dev_comm_name(), gpu_logic ? &rc : NULL, &rf, &si) == 0;
     int okg = 1;
     if (gpu_logic) /* GPU: shm staged == cuda_ipc bit for bit, and a rerun identical */
-        okg = okf && steps_on(name, path, N, "dev", "shm", &rc, &rg, NULL) == 0 &&
-              steps_on(name, path, N, "dev", dev_comm_name(), &rc, &rf2, NULL) == 0;
-    EXPECT(ok1 && okc && okf && okg, "%s TP %d: a run failed (above)", name, N);
+        okg = okf && steps_on(name, path, N, kd, "shm", &rc, &rg, NULL) == 0 &&
+              steps_on(name, path, N, kd, dev_comm_name(), &rc, &rf2, NULL) == 0;
+    EXPECT(ok1 && okc && okf && okg, "%s %s %d: a run failed (above)", name, P, N);
     EXPECT(fake_violations == viol0, "%s: %d host pointers reached device ops on rank 0", name, fake_violations - viol0);
     if (ok1 && okc && okf) {
         hf_config hc;
         specd_err err = {{0}};
         EXPECT(hf_config_load(path, &hc, &err) == 0 && si.size == N && si.n_heads * N == hc.n_heads &&
-                   si.vocab_rows * N == rc.V,
-               "%s: rank 0's shard: TP %d, %d heads, %d LM-head rows", name, si.size, si.n_heads, si.vocab_rows);
+                   si.vocab_rows * N == rc.V && si.expert_parallel == ep &&
+                   si.n_experts == (ep ? hc.n_routed_experts / N : hc.n_routed_experts) &&
+                   si.expert_width == (ep ? hc.moe_intermediate : hc.moe_intermediate / N),
+               "%s: rank 0's shard: %s %d, %d heads, %d LM-head rows, experts %d + %d of width %d", name, P, si.size,
+               si.n_heads, si.vocab_rows, si.expert0, si.n_experts, si.expert_width);
         const size_t differ = bits_differ(&rc, &rf);
         size_t total = 0;
         for (int st = 0; st < KS_NSTEP; st++) total += (size_t)rc.T[st] * ((size_t)rc.V + (1 + KS_NAUX) * (size_t)rc.H);
         if (ON_FAKE) {
-            EXPECT(differ == 0, "%s TP %d: %zu of %zu logit / hidden / aux values of the fake device differ from CPU "
-                                "TP's bits", name, N, differ, total);
-            EXPECT(!memcmp(rc.tok, rf.tok, sizeof rc.tok), "%s TP %d: greedy tokens differ from CPU TP's", name, N);
+            EXPECT(differ == 0, "%s %s %d: %zu of %zu logit / hidden / aux values of the fake device differ from CPU "
+                                "%s's bits", name, P, N, differ, total, P);
+            EXPECT(!memcmp(rc.tok, rf.tok, sizeof rc.tok), "%s %s %d: greedy tokens differ from CPU %s's", name, P, N, P);
         }
         if (gpu_logic && okg) {
             const size_t dg = bits_differ(&rf, &rg), d2 = bits_differ(&rf, &rf2);
-            EXPECT(dg == 0, "%s TP %d: %zu values differ between cuda_ipc and shm (both the rank-order f32 sum)", name,
-                   N, dg);
-            EXPECT(d2 == 0, "%s TP %d: %zu values differ between two identical runs", name, N, d2);
+            EXPECT(dg == 0, "%s %s %d: %zu values differ between cuda_ipc and shm (both the rank-order f32 sum)", name,
+                   P, N, dg);
+            EXPECT(d2 == 0, "%s %s %d: %zu values differ between two identical runs", name, P, N, d2);
             const double e = gpu_vs_cpu(name, N, &rc, &rf);
-            printf("%-6s TP %d on %s: logits within %.3g of max|logit| of CPU TP %d (bound %g), hidden / aux "
-                   "within %g; %s == shm and a rerun bit for bit (%zu values)\n", name, N, DEV_NAME, e, N, TOL, TOL_STATE,
-                   dev_comm_name(), total);
+            printf("%-6s %s %d on %s: logits within %.3g of max|logit| of CPU %s %d (bound %g), hidden / aux "
+                   "within %g; %s == shm and a rerun bit for bit (%zu values)\n", name, P, N, DEV_NAME, e, P, N, TOL,
+                   TOL_STATE, dev_comm_name(), total);
         }
         const bool same1 = !memcmp(r1.tok, rc.tok, sizeof r1.tok);
-        EXPECT(same1, "%s TP %d: CPU TP's greedy tokens differ from TP 1's", name, N);
+        EXPECT(same1, "%s %s %d: CPU %s's greedy tokens differ from TP 1's", name, P, N, P);
         double worst = 0, big = 0;
         for (int st = 0; st < KS_NSTEP; st++)
             for (int t = 0; t < r1.T[st]; t++) {
@@ -313,12 +331,13 @@ static void check_model(const char *name, const char *path, int N) {
                 for (int i = 0; i < r1.V; i++) mx = fmax(mx, fabs(a[i])), e = fmax(e, fabs((double)a[i] - b[i]));
                 worst = fmax(worst, e / mx), big = fmax(big, mx);
             }
-        EXPECT(worst <= TOL, "%s TP %d: logits |diff| vs TP 1 %.3g of max|logit| > %g", name, N, worst, TOL);
-        printf("%-6s TP %d on %s (%s; %d of %d heads, LM-head rows %d of %d per rank): %zu logit / hidden / aux "
-               "values of %d steps, %zu differ from CPU TP %d's bits; CPU TP %d greedy %s TP 1's, max|diff| vs TP 1 "
-               "%.3g of max|logit| (<= %.3g)\n",
-               name, N, DEV_NAME, dev_comm_name(), si.n_heads, si.n_heads * N, si.vocab_rows, rc.V, total, KS_NSTEP,
-               differ, N, N, same1 ? "==" : "!=", worst, big);
+        EXPECT(worst <= TOL, "%s %s %d: logits |diff| vs TP 1 %.3g of max|logit| > %g", name, P, N, worst, TOL);
+        printf("%-6s %s %d on %s (%s; %d of %d heads, LM-head rows %d of %d per rank, routed experts %d..%d of "
+               "width %d): %zu logit / hidden / aux values of %d steps, %zu differ from CPU %s %d's bits; CPU %s %d "
+               "greedy %s TP 1's, max|diff| vs TP 1 %.3g of max|logit| (<= %.3g)\n",
+               name, P, N, DEV_NAME, dev_comm_name(), si.n_heads, si.n_heads * N, si.vocab_rows, rc.V, si.expert0,
+               si.expert0 + si.n_experts - 1, si.expert_width, total, KS_NSTEP, differ, P, N, P, N,
+               same1 ? "==" : "!=", worst, big);
     }
     ks_free(&r1), ks_free(&rc), ks_free(&rf), ks_free(&rg), ks_free(&rf2);
 }
@@ -421,6 +440,7 @@ static const spec_proposer_ops or_ops = {.extend = or_extend, .propose = or_prop
 
 /* The engine at k = 3 on the group with proposer p, nreq requests: every one == its plain greedy.
  * oracle: the drafts must be partly accepted, partly rejected. */
+static const char *g_spec_label = "TP"; /* check_spec's group: TP 2 or EP 2 */
 static void spec_run(run *r, spec_proposer *p, int nreq, const char *what, bool oracle) {
     const model_config *mc = model_get_config(r->m);
     /* sampling on the device, as the bundle runs a device target at TP (forward_logits_dev: the vocabulary-split
@@ -481,14 +501,14 @@ static void spec_run(run *r, spec_proposer *p, int nreq, const char *what, bool 
         EXPECT(st.spec_num_accepted_tokens_total > 0 && st.spec_num_accepted_tokens_total < st.spec_num_draft_tokens_total,
                "%s: %lld of %lld drafts accepted: the oracle's verify steps must accept and reject", what,
                (long long)st.spec_num_accepted_tokens_total, (long long)st.spec_num_draft_tokens_total);
-    printf("k25    TP 2 on %s, %s: %d of %d requests == plain greedy (%lld drafts, %lld draft tokens, "
-           "%lld accepted, %lld steps)\n", DEV_NAME, what, same, nreq, (long long)st.spec_num_drafts_total,
+    printf("k25    %s 2 on %s, %s: %d of %d requests == plain greedy (%lld drafts, %lld draft tokens, "
+           "%lld accepted, %lld steps)\n", g_spec_label, DEV_NAME, what, same, nreq, (long long)st.spec_num_drafts_total,
            (long long)st.spec_num_draft_tokens_total, (long long)st.spec_num_accepted_tokens_total,
            (long long)st.steps_total);
     engine_destroy(e);
 }
 
-static void check_spec(const char *root) {
+static void check_spec(const char *root, bool ep) {
     char path[1100], head[1100], cfgp[1200];
     snprintf(path, sizeof path, "%s/k25", root);
     snprintf(head, sizeof head, "%s/kimi_head", root);
@@ -497,8 +517,9 @@ static void check_spec(const char *root) {
     if (stat(cfgp, &sb) != 0) snprintf(head, sizeof head, "%s/head", root); /* no ../shared/data: the random head */
     specd_err err = {{0}};
     run r;
-    if (run_open(&r, path, 2, "dev", dev_comm_name(), &err) < 0) {
-        EXPECT(0, "spec: k25 TP 2 on %s: %s", DEV_NAME, err.msg);
+    g_spec_label = ep ? "EP" : "TP";
+    if (run_open(&r, path, 2, ep ? "dev+ep" : "dev", dev_comm_name(), &err) < 0) {
+        EXPECT(0, "spec: k25 %s 2 on %s: %s", g_spec_label, DEV_NAME, err.msg);
         run_close(&r, &err);
         return;
     }
@@ -517,7 +538,7 @@ static void check_spec(const char *root) {
         eagle3_opts o = {.be = dcpu}; /* the head whole on rank 0's CPU, next to the device target (bundle.c) */
         spec_proposer *p = NULL;
         if (eagle3_load(head, r.m, &o, &p, &err) != 0) {
-            EXPECT(0, "eagle3_load %s next to the TP 2 device target: %s", head, err.msg);
+            EXPECT(0, "eagle3_load %s next to the %s 2 device target: %s", head, g_spec_label, err.msg);
             break;
         }
         char what[160];
@@ -530,7 +551,7 @@ static void check_spec(const char *root) {
     memset(or_n, 0, sizeof or_n);
     spec_run(&r, &oracle, NREQ, "oracle drafts (1/3 corrupted), k = 3, 8 concurrent", true);
     bk_cpu_destroy(dcpu);
-    EXPECT(run_close(&r, &err) == 0, "spec TP 2 shutdown: %s", err.msg);
+    EXPECT(run_close(&r, &err) == 0, "spec %s 2 shutdown: %s", g_spec_label, err.msg);
 }
 
 int main(int argc, char **argv) {
@@ -555,19 +576,28 @@ int main(int argc, char **argv) {
 #endif
     const char *quick = getenv("KIMI_TP_QUICK");
     if (quick && *quick && strcmp(quick, "0")) { /* run_tp.sh under kn_emu: one case */
-        check_model("wide8", wide, 2);
+        check_model("wide8", wide, 2, false);
+        check_model("wide8", wide, 2, true); /* expert parallel: its collectives through cuda_ipc too */
     } else if (!ON_FAKE) { /* the GPU (gpu_check.sh's ctest_gpu budget): one model per width class */
-        check_model("k25", k25, 2);
-        check_model("wide8", wide, 4);
+        check_model("k25", k25, 2, false);
+        check_model("wide8", wide, 4, false);
+        check_model("wide8", wide, 4, true);
         check_refusal(k25);
-        check_spec(root);
+        check_spec(root, false);
+        check_spec(root, true);
     } else {
-        check_model("k25", k25, 2);
-        check_model("wide8", wide, 2);
-        check_model("wide8", wide, 4);
-        check_model("wide8", wide, 8);
+        check_model("k25", k25, 2, false);
+        check_model("wide8", wide, 2, false);
+        check_model("wide8", wide, 4, false);
+        check_model("wide8", wide, 8, false);
         check_refusal(k25);
-        check_spec(root);
+        check_spec(root, false);
+        /* expert parallelism: E / N whole experts per rank (k25 at 4 too, which TP cannot split) */
+        check_model("k25", k25, 2, true);
+        check_model("k25", k25, 4, true);
+        check_model("wide8", wide, 4, true);
+        check_model("wide8", wide, 8, true);
+        check_spec(root, true);
     }
     printf(n_fail ? "FAILED: %d\n" : "OK\n", n_fail);
     return n_fail ? 1 : 0;

@@ -36,6 +36,13 @@
  *  5. refusals: bad shapes return cudaErrorInvalidValue; an expert id out of
  *     range or repeated makes that token's row NaN and raises the flag while
  *     the other tokens keep their bits.
+ *  6. expert parallelism (kn_moe_weights.e0 / E_route): at N = 2 and 4 each
+ *     rank's E/N experts (a contiguous sub-array of the packed layer) on the
+ *     global routing ids of 33 tokens, no shared expert: == the CPU's sum over
+ *     the chosen experts in [e0, e0 + E/N) only (bounds of 3); a token with
+ *     none of them gives exactly 0; no flag for other ranks' ids; an id >=
+ *     E_route still NaN + flag; e0 + E > E_route refused. The ranks' partials
+ *     summed in rank order within the bounds of 3 of the whole layer's output.
  * Exits 77 without a usable GPU (kn_harness_require_gpu).
  */
 #include <cuda_runtime_api.h>
@@ -244,7 +251,7 @@ static void layer_create(layer *L, int32_t E, int32_t H, int32_t I, int32_t k, i
     L->dsg = dev_upload(L->sg, (size_t)L->Is * H * 2), L->dsu = dev_upload(L->su, (size_t)L->Is * H * 2);
     L->dsd = dev_upload(L->sd, (size_t)H * L->Is * 2);
     L->dbias = dev_upload(L->bias, sizeof(float) * (size_t)E);
-    L->dw_ = (kn_moe_weights){E, H, I, L->d13, L->ds13, L->d2, L->ds2};
+    L->dw_ = (kn_moe_weights){E, H, I, L->d13, L->ds13, L->d2, L->ds2, 0, 0}; /* all E experts */
     free(w13), free(w2), free(s13), free(s2);
 }
 
@@ -341,6 +348,35 @@ static void cpu_moe(const layer *L, const float *x, const float *logits, int32_t
     bk_tensor yt = bk_wrap_f32(y, T, H), st = bk_wrap_f32(ye, T, H);
     g_cpu->ops->add(g_cpu->ctx, &yt, &st);
     free(scr), free(xe), free(g), free(u), free(ye), free(wl), free(tl);
+}
+
+/* The CPU's partial routed sum of expert parallelism: y[T, H] = sum over the chosen experts in [e0, e0 + ne)
+ * (ids / w [T, k] given), ascending, y += ye * w; no shared expert (deepseek_v3_fwd.c moe_forward's loop). */
+static void cpu_moe_part(const layer *L, const float *x, const int32_t *ids, const float *w, int32_t T, int32_t e0,
+                         int32_t ne, float *y) {
+    const int32_t H = L->H, I = L->I, k = L->k;
+    float *xe = xmalloc(sizeof(float) * (size_t)T * H), *g = xmalloc(sizeof(float) * (size_t)T * I);
+    float *u = xmalloc(sizeof(float) * (size_t)T * I), *ye = xmalloc(sizeof(float) * (size_t)T * H);
+    float *wl = xmalloc(sizeof(float) * (size_t)T);
+    int32_t *tl = xmalloc(sizeof(int32_t) * (size_t)T);
+    memset(y, 0, sizeof(float) * (size_t)T * H);
+    for (int32_t e = e0; e < e0 + ne; e++) {
+        int32_t nt = 0;
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t j = 0; j < k; j++)
+                if (ids[(size_t)t * k + j] == e) { tl[nt] = t; wl[nt++] = w[(size_t)t * k + j]; }
+        if (!nt) continue;
+        for (int32_t i = 0; i < nt; i++) memcpy(xe + (size_t)i * H, x + (size_t)tl[i] * H, sizeof(float) * H);
+        bk_weight gw = i4w(L->gw[e], L->gs[e], I, H), uw = i4w(L->uw[e], L->us[e], I, H), dw = i4w(L->dw[e], L->ds[e], H, I);
+        KN_CK(bk_matmul_f32(g_cpu, &gw, xe, nt, g));
+        KN_CK(bk_matmul_f32(g_cpu, &uw, xe, nt, u));
+        bk_tensor gt = bk_wrap_f32(g, nt, I), ut = bk_wrap_f32(u, nt, I);
+        g_cpu->ops->silu_mul(g_cpu->ctx, &gt, &ut, &gt);
+        KN_CK(bk_matmul_f32(g_cpu, &dw, g, nt, ye));
+        for (int32_t i = 0; i < nt; i++)
+            for (int32_t d = 0; d < H; d++) y[(size_t)tl[i] * H + d] += ye[(size_t)i * H + d] * wl[i];
+    }
+    free(xe), free(g), free(u), free(ye), free(wl), free(tl);
 }
 
 /* device buffers of one block run at up to TMAX tokens */
@@ -495,6 +531,92 @@ static void test_layer(const char *name, int32_t E, int32_t H, int32_t I, int32_
     layer_destroy(&L);
 }
 
+/* 6. expert parallelism: rank r of N runs experts [r E/N, (r+1) E/N) of the layer (header). */
+static void test_ep(const char *name, int32_t E, int32_t H, int32_t I, int32_t k) {
+    layer L;
+    layer_create(&L, E, H, I, k, 1, 1);
+    run_bufs b;
+    bufs_create(&b, &L);
+    float *x = xmalloc(sizeof(float) * TMAX * H), *lg = xmalloc(sizeof(float) * TMAX * E);
+    for (size_t i = 0; i < (size_t)TMAX * H; i++) x[i] = rng_normalish();
+    for (size_t i = 0; i < (size_t)TMAX * E; i++) lg[i] = 2.0f * rng_normalish();
+    float *w = xmalloc(sizeof(float) * TMAX * k), *yc = xmalloc(sizeof(float) * TMAX * H);
+    float *yg = xmalloc(sizeof(float) * TMAX * H), *sum = xmalloc(sizeof(float) * TMAX * H);
+    float *whole = xmalloc(sizeof(float) * TMAX * H);
+    int32_t *ids = xmalloc(sizeof(int32_t) * TMAX * k);
+    /* the global routing on the device, as every rank computes it */
+    const kn_moe_route_cfg cfg = {E, k, 1, 1, 1, L.hc.routed_scaling};
+    KN_CK(cudaMemcpy(b.x, x, sizeof(float) * TMAX * H, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemcpy(b.logits, lg, sizeof(float) * TMAX * E, cudaMemcpyHostToDevice));
+    KN_CK(kn_moe_route(b.logits, L.dbias, TMAX, &cfg, b.ids, b.w, NULL));
+    dev_download(ids, b.ids, sizeof(int32_t) * TMAX * k);
+    dev_download(w, b.w, sizeof(float) * TMAX * k);
+    KN_CK(kn_moe_experts(&L.dw_, b.x, b.ids, b.w, TMAX, k, NULL, b.ws, b.ws_bytes, b.y, NULL, NULL));
+    dev_download(whole, b.y, sizeof(float) * TMAX * H);
+    double wmx = 0;
+    for (size_t i = 0; i < (size_t)TMAX * H; i++) wmx = fmax(wmx, fabs(whole[i]));
+    const size_t w13 = (size_t)2 * I * (H / 8), s13 = (size_t)2 * I * (H / 32), w2 = (size_t)H * (I / 8),
+                 s2 = (size_t)H * (I / 32); /* one expert's words / scales */
+    for (int N = 2; N <= 4; N *= 2) {
+        memset(sum, 0, sizeof(float) * TMAX * H);
+        int zero_rows = 0, zero_bad = 0;
+        for (int r = 0; r < N; r++) {
+            const int32_t ne = E / N, e0 = r * ne;
+            kn_moe_weights pw = {ne, H, I, (const uint32_t *)L.d13 + (size_t)e0 * w13,
+                                 (const uint16_t *)L.ds13 + (size_t)e0 * s13, (const uint32_t *)L.d2 + (size_t)e0 * w2,
+                                 (const uint16_t *)L.ds2 + (size_t)e0 * s2, e0, E};
+            KN_CK(cudaMemset(b.flag, 0, sizeof(int32_t)));
+            KN_CK(kn_moe_experts(&pw, b.x, b.ids, b.w, TMAX, k, NULL, b.ws, b.ws_bytes, b.y, b.flag, NULL));
+            dev_download(yg, b.y, sizeof(float) * TMAX * H);
+            int32_t flag = -1;
+            dev_download(&flag, b.flag, sizeof flag);
+            cpu_moe_part(&L, x, ids, w, TMAX, e0, ne, yc);
+            double mx = 0, md = 0;
+            for (size_t i = 0; i < (size_t)TMAX * H; i++) mx = fmax(mx, fabs(yc[i])), md = fmax(md, fabs((double)yg[i] - yc[i]));
+            const double e = kn_nmse(yg, yc, (size_t)TMAX * H);
+            for (int t = 0; t < TMAX; t++) {
+                int mine = 0;
+                for (int j = 0; j < k; j++) mine += ids[(size_t)t * k + j] >= e0 && ids[(size_t)t * k + j] < e0 + ne;
+                if (mine) continue;
+                zero_rows++;
+                for (int d = 0; d < H; d++) zero_bad += yg[(size_t)t * H + d] != 0.0f || signbit(yg[(size_t)t * H + d]);
+            }
+            KN_EXPECT(flag == 0 && e <= NMSE_MOE && md <= MAXREL_MOE * mx,
+                      "%s EP %d rank %d: flag %d, NMSE %.3e (bound %.0e), max err %.3e of %.3e", name, N, r, flag, e,
+                      NMSE_MOE, md, mx);
+            for (size_t i = 0; i < (size_t)TMAX * H; i++) sum[i] += yg[i];
+            printf("moe %-5s EP %d rank %d (experts %d..%d): NMSE %.2e, max|gpu-cpu| %.2e of max|y| %.3g\n", name, N,
+                   r, e0, e0 + ne - 1, e, md, mx);
+        }
+        KN_EXPECT(zero_bad == 0, "%s EP %d: %d values of tokens without a local expert are not +0", name, N, zero_bad);
+        double md = 0;
+        for (size_t i = 0; i < (size_t)TMAX * H; i++) md = fmax(md, fabs((double)sum[i] - whole[i]));
+        const double e = kn_nmse(sum, whole, (size_t)TMAX * H);
+        KN_EXPECT(e <= NMSE_MOE && md <= MAXREL_MOE * wmx, "%s EP %d: ranks' sum vs the whole layer: NMSE %.3e, %.3e of %.3e",
+                  name, N, e, md, wmx);
+        printf("moe %-5s EP %d: %d (token, rank) rows with no local expert exactly 0; the %d ranks' sum vs the whole "
+               "layer: NMSE %.2e, max %.2e of %.3g\n", name, N, zero_rows, N, e, md, wmx);
+    }
+    /* an id past E_route is still refused (NaN + flag); a range past E_route is refused before any launch */
+    kn_moe_weights pw = {E / 2, H, I, L.d13, L.ds13, L.d2, L.ds2, 0, E};
+    int32_t bid[64];
+    memcpy(bid, ids, sizeof(int32_t) * (size_t)k);
+    bid[0] = E;
+    KN_CK(cudaMemcpy(b.ids, bid, sizeof(int32_t) * (size_t)k, cudaMemcpyHostToDevice));
+    KN_CK(cudaMemset(b.flag, 0, sizeof(int32_t)));
+    KN_CK(kn_moe_experts(&pw, b.x, b.ids, b.w, 1, k, NULL, b.ws, b.ws_bytes, b.y, b.flag, NULL));
+    int32_t flag = 0;
+    dev_download(&flag, b.flag, sizeof flag);
+    dev_download(yg, b.y, sizeof(float) * H);
+    KN_EXPECT(flag == 1 && isnan(yg[0]), "%s EP: an id >= E_route: flag %d, y %g", name, flag, (double)yg[0]);
+    pw.e0 = E / 2 + 1;
+    KN_EXPECT(kn_moe_experts(&pw, b.x, b.ids, b.w, 1, k, NULL, b.ws, b.ws_bytes, b.y, NULL, NULL) ==
+                  (int)cudaErrorInvalidValue, "%s EP: e0 + E > E_route not refused", name);
+    free(x), free(lg), free(w), free(yc), free(yg), free(sum), free(whole), free(ids);
+    bufs_destroy(&b);
+    layer_destroy(&L);
+}
+
 int main(void) {
     kn_harness_require_gpu();
     g_cpu = bk_cpu_create((int)sysconf(_SC_NPROCESSORS_ONLN));
@@ -504,6 +626,8 @@ int main(void) {
     test_layer("mini", 16, 128, 64, 4, 1, 1);  /* the Kimi miniature's MoE shape */
     test_layer("tp8", 32, 7168, 256, 8, 1, 1); /* a Kimi TP-8 rank's expert slices (32 of 384 experts) */
     test_layer("g4", 64, 256, 64, 6, 4, 2);    /* group limits through the whole block */
+    test_ep("mini", 16, 128, 64, 4);           /* expert parallelism on the miniature's shape */
+    test_ep("ep8", 16, 512, 2048, 8);          /* whole experts of Kimi's width 2048 (H and E smaller: emulation time) */
     bk_cpu_destroy(g_cpu);
     printf("%s: %d checks, %d failed\n", kn_fails ? "FAIL" : "ok", kn_checks, kn_fails);
     return kn_fails ? 1 : 0;

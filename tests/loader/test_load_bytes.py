@@ -10,10 +10,12 @@ nothing of specd), following the rules written in docs/kimi-k2.5.md "Loading at 
         (1024 by default; the probe is also run with 1: every row split read per row), else the whole tensor
     replicated (norms, embedding, q_a / kv_a_proj, router, weight_shape): whole
     not read: vision tower, layers at or past num_hidden_layers, tensors with no role
+    expert parallel (--enable-expert-parallel): a routed expert's tensors (...mlp.experts.E.*) whole when rank r
+        of N holds E (r * n_experts / N <= E < (r + 1) * n_experts / N), else not at all; the rest as above
 
 Runs `loader_load_rank probe DIR N R THREADS` (LOAD_RANK_BIN) for every rank of the Kimi miniature
-(k25 at TP 1/2, wide8 at TP 1/2/4) and the tiny HF Llamas (f32, sharded f16, bf16 tied at TP 1/2/4)
-and asserts the exact count. Skips (77) without the fixtures.
+(k25 at TP 1/2, wide8 at TP 1/2/4; expert parallel: k25 at 2/4, wide8 at 2/4/8) and the tiny HF Llamas
+(f32, sharded f16, bf16 tied at TP 1/2/4) and asserts the exact count. Skips (77) without the fixtures.
 """
 import json
 import os
@@ -90,14 +92,25 @@ WHOLE = ("q_a_proj.weight", "kv_a_proj_with_mqa.weight", "q_a_layernorm.weight",
          "post_attention_layernorm.weight", "embed_tokens.weight", "norm.weight")
 
 
-def expected_dsv3(t, cfg, N, row_min=1024):
+def expert(name):
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-2]):
+        if p == "mlp" and parts[i + 1] == "experts" and parts[i + 2].isdigit():
+            return int(parts[i + 2])
+    return -1
+
+
+def expected_dsv3(t, cfg, N, row_min=1024, ep=False, r=0):
     tc = cfg.get("text_config", cfg)
     tied, V, L = tc.get("tie_word_embeddings", False), tc["vocab_size"], tc["num_hidden_layers"]
+    per = tc["n_routed_experts"] // N
     total = 0
     for k, (nb, shape) in t.items():
         if k.startswith(("vision_tower.", "mm_projector.", "multi_modal_projector.")) or layer(k) >= L:
             continue
-        if k.endswith("lm_head.weight"):
+        if ep and expert(k) >= 0:
+            total += nb if r * per <= expert(k) < (r + 1) * per else 0
+        elif k.endswith("lm_head.weight"):
             total += 0 if tied else nb // N if V % N == 0 else nb
         elif k.endswith(COL):
             total += nb // N
@@ -108,9 +121,9 @@ def expected_dsv3(t, cfg, N, row_min=1024):
     return total
 
 
-def probe(binary, d, N, r, threads, row_min):
-    out = subprocess.run([binary, "probe", d, str(N), str(r), str(threads), str(row_min)], capture_output=True,
-                         text=True, timeout=300)
+def probe(binary, d, N, r, threads, row_min, ep=False):
+    out = subprocess.run([binary, "probe", d, str(N), str(r), str(threads), str(row_min)] + (["ep"] if ep else []),
+                         capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise SystemExit(f"FAIL probe {d} TP {N} rank {r}: {out.stderr.strip()[-400:]}")
     f = out.stdout.split()
@@ -141,6 +154,20 @@ def main():
                     fails += not ok
                     print(f"{'ok  ' if ok else 'FAIL'} {sub} TP {N} rank {r} row_min {row_min}: read {got} bytes "
                           f"(expected {want}), files {files} ({total}); {100.0 * got / total:.1f} % of the checkpoint")
+    # expert parallelism: each rank its own experts whole (k25 at 2 and 4, wide8 at 2, 4 and 8)
+    for root, sub, eps in ((kimi, "k25", (2, 4)), (kimi, "wide8", (2, 4, 8))):
+        d = os.path.join(root, sub)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        t, total = headers(d)
+        for N in eps:
+            for row_min in (1024, 1):
+                for r in range(N):
+                    want = expected_dsv3(t, cfg, N, row_min, ep=True, r=r)
+                    got, files = probe(binary, d, N, r, 1 + (r % 3) * 2, row_min, ep=True)
+                    ok = got == want and files == total
+                    fails += not ok
+                    print(f"{'ok  ' if ok else 'FAIL'} {sub} EP {N} rank {r} row_min {row_min}: read {got} bytes "
+                          f"(expected {want}); TP {N} would read {expected_dsv3(t, cfg, N, row_min)}")
     if fails:
         print(f"{fails} rank(s) read a different number of bytes")
         return 1

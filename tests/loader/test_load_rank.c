@@ -2,7 +2,9 @@
  * test_load_rank.c: loading a tensor-parallel rank by reading only its byte
  * ranges (engine/model/load_plan.c over engine/loader/st_load.c) gives the
  * same weights as the lazy mapping it replaces, bit for bit, on the Kimi
- * miniature (4 tensor-name layouts, TP 1/2/4) and on the tiny HF Llamas
+ * miniature (4 tensor-name layouts, TP 1/2/4; expert parallel at 2/4 (k25, nomodel
+ * at 2) and 2/4/8 (wide8): a rank holds its E/N experts whole, reads fewer bytes
+ * than the TP rank and keeps as many) and on the tiny HF Llamas
  * (F32 / F16 sharded / BF16 tied, TP 1/2/4, KV heads split and replicated).
  *
  * How a missed byte shows: the planned load opens the checkpoint with
@@ -15,7 +17,9 @@
  * truncated at open, or truncated after open (between the open and the
  * reads: the mapping would SIGBUS) is refused with the file named.
  * The exact byte counts are checked independently by test_load_bytes.py,
- * which calls this program as `test_load_rank probe DIR N R THREADS`.
+ * which calls this program as `test_load_rank probe DIR N R THREADS [ROW_MIN [ep]]`;
+ * `test_load_rank plan DIR N R ROW_MIN [ep]` prints model_plan_rank_bytes (headers
+ * only: test_kimi_plan.py runs it on a Kimi-K2.5-shaped checkpoint of sparse files).
  * Needs the kimi_c_mini and model_hf_mini fixtures (skips without them).
  */
 #include <errno.h>
@@ -123,13 +127,15 @@ typedef struct rank_model {
     model_comm mc;
 } rank_model;
 
+static bool g_ep; /* load the ranks expert parallel (model_load_opts.expert_parallel) */
+
 static int load_rank_rm(const char *dir, int N, int r, int threads, bool lazy, unsigned flags, int row_min,
                         rank_model *out, specd_err *err) {
     memset(out, 0, sizeof *out);
     out->mc = (model_comm){.rank = r, .size = N, .all_reduce = null_all_reduce};
     out->be = bk_cpu_create(1);
     model_load_opts o = {.block_size = 16, .n_blocks = 8, .tp = N > 1 ? &out->mc : NULL, .load_threads = threads,
-                         .load_lazy = lazy, .load_st_flags = flags, .load_row_min = row_min};
+                         .load_lazy = lazy, .load_st_flags = flags, .load_row_min = row_min, .expert_parallel = g_ep};
     if (model_load(dir, out->be, &o, &out->m, err) < 0) {
         bk_cpu_destroy(out->be);
         return -1;
@@ -175,7 +181,7 @@ static void check_rank(const char *dir, const char *name, int N, int r) {
     specd_err err = {{0}};
     rank_model ref, p5, p1;
     char label[160];
-    snprintf(label, sizeof label, "%s TP %d rank %d", name, N, r);
+    snprintf(label, sizeof label, "%s %s %d rank %d", name, g_ep ? "EP" : "TP", N, r);
     if (load_rank(dir, N, r, 0, true, 0, &ref, &err) < 0) {
         CHECK(0, "%s: lazy load: %s", label, err.msg);
         return;
@@ -222,6 +228,30 @@ static void check_rank(const char *dir, const char *name, int N, int r) {
           (long long)i5.bytes_read, (long long)i5.bytes_files);
     CHECK(N == 1 ? ir.bytes_read == i5.bytes_read : ir.bytes_read < i5.bytes_read,
           "%s: row parts read %lld bytes, whole rows %lld", label, (long long)ir.bytes_read, (long long)i5.bytes_read);
+    int64_t planned = -1, pf = -1; /* the plan alone (model_plan_rank_bytes, headers only) says the same */
+    CHECK(model_plan_rank_bytes(dir, N, r, g_ep, 0, &planned, &pf, &err) == 0 && planned == i5.bytes_read &&
+              pf == i5.bytes_files, "%s: model_plan_rank_bytes %lld of %lld, the load read %lld of %lld (%s)", label,
+          (long long)planned, (long long)pf, (long long)i5.bytes_read, (long long)i5.bytes_files, err.msg);
+    if (g_ep && N > 1) { /* against the same rank without expert parallelism: the same bytes kept, fewer read */
+        int64_t tp_read = -1, tf;
+        const int tp_ok = model_plan_rank_bytes(dir, N, r, false, 0, &tp_read, &tf, &err) == 0;
+        rank_model t;
+        g_ep = false;
+        const int t_ok = load_rank(dir, N, r, 0, true, 0, &t, &err) == 0;
+        g_ep = true;
+        model_shard_info se, sp;
+        model_get_shard(p5.m, &se);
+        if (t_ok) model_get_shard(t.m, &sp);
+        CHECK(!tp_ok || tp_read > i5.bytes_read, "%s: reads %lld bytes, TP %d %lld", label, (long long)i5.bytes_read,
+              N, (long long)tp_read);
+        CHECK(!t_ok || se.weight_bytes == sp.weight_bytes, "%s: keeps %lld bytes, TP %d %lld", label,
+              (long long)se.weight_bytes, N, t_ok ? (long long)sp.weight_bytes : -1LL);
+        CHECK(se.expert_parallel && se.expert0 == r * se.n_experts && se.n_experts * N == p5.m->ds->hc.n_routed_experts,
+              "%s: experts %d + %d", label, se.expert0, se.n_experts);
+        printf("  %s: experts %d..%d whole; TP %d would read %lld bytes (%s)\n", label, se.expert0,
+               se.expert0 + se.n_experts - 1, N, (long long)tp_read, t_ok ? "keeps the same" : "refused");
+        if (t_ok) unload(&t);
+    }
     printf("  %s: read %lld (row parts: %lld) of %lld bytes in files, %lld bytes of weights kept\n", label,
            (long long)i5.bytes_read, (long long)ir.bytes_read, (long long)i5.bytes_files, (long long)i5.bytes_loaded);
     unload(&ref), unload(&p5), unload(&p1);
@@ -236,7 +266,7 @@ static void check_default(const char *dir, const char *name, int N, int r) {
         return;
     }
     char label[160];
-    snprintf(label, sizeof label, "%s TP %d rank %d default path vs lazy", name, N, r);
+    snprintf(label, sizeof label, "%s %s %d rank %d default path vs lazy", name, g_ep ? "EP" : "TP", N, r);
     same_weights(label, ref.m, d.m);
     unload(&ref), unload(&d);
 }
@@ -400,10 +430,22 @@ static const char *fixture(const char *env, const char *sub, char *buf, size_t c
 }
 
 int main(int argc, char **argv) {
-    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "probe")) { /* test_load_bytes.py: one rank's figures */
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "plan")) { /* plan DIR N R ROW_MIN [ep]: headers only */
         specd_err err = {{0}};
+        int64_t b = 0, f = 0;
+        if (model_plan_rank_bytes(argv[2], atoi(argv[3]), atoi(argv[4]), argc == 7 && !strcmp(argv[6], "ep"),
+                                  atoi(argv[5]), &b, &f, &err) < 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        printf("bytes_read %lld bytes_files %lld\n", (long long)b, (long long)f);
+        return 0;
+    }
+    if ((argc == 6 || argc == 7 || argc == 8) && !strcmp(argv[1], "probe")) { /* test_load_bytes.py: one rank */
+        specd_err err = {{0}};
+        g_ep = argc == 8 && !strcmp(argv[7], "ep");
         rank_model x;
-        if (load_rank_rm(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), false, 0, argc == 7 ? atoi(argv[6]) : 0,
+        if (load_rank_rm(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), false, 0, argc >= 7 ? atoi(argv[6]) : 0,
                          &x, &err) < 0) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
@@ -438,6 +480,17 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3 && CASES[c].tp[k]; k++)
             for (int r = 0; r < CASES[c].tp[k]; r++) check_rank(CASES[c].dir, CASES[c].name, CASES[c].tp[k], r);
     }
+    /* expert parallelism: every rank's experts whole, no other expert's byte read (poison), weights == lazy */
+    g_ep = true;
+    const struct { const char *dir, *name; int n[3]; } EP[] = {{k25, "kimi k25", {2, 4, 0}}, {wide8, "kimi wide8", {2, 4, 8}},
+                                                               {nomodel, "kimi nomodel", {2, 0, 0}}};
+    for (size_t c = 0; c < sizeof EP / sizeof EP[0]; c++) {
+        if (!EP[c].dir) continue;
+        for (int k = 0; k < 3 && EP[c].n[k]; k++)
+            for (int r = 0; r < EP[c].n[k]; r++) check_rank(EP[c].dir, EP[c].name, EP[c].n[k], r);
+    }
+    check_default(wide8, "kimi wide8", 4, 2);
+    g_ep = false;
     check_merge();
     check_default(wide8, "kimi wide8", 2, 1);
     check_default(hshard, "hf sharded f16", 4, 3);

@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
         const size_t b2 = kn_moe_w2_words(E, H, I_TP) * 4, bs2 = kn_moe_s2_count(E, H, I_TP) * 2;
         void *w13 = dalloc(b13), *s13 = dalloc(bs13), *w2 = dalloc(b2), *s2 = dalloc(bs2);
         fill(w13, b13, pw, st), fill(s13, bs13, ps, st), fill(w2, b2, pw, st), fill(s2, bs2, ps, st);
-        Y->ex = (kn_moe_weights){E, H, I_TP, w13, s13, w2, s2};
+        Y->ex = (kn_moe_weights){E, H, I_TP, w13, s13, w2, s2, 0, 0};
     }
     free(hbias);
     KN_CK(cudaFree(pw));

@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     for (int l = 0; l < NL; l++) {
         void *w13 = dalloc(b13), *s13 = dalloc(bs13), *w2 = dalloc(b2), *s2 = dalloc(bs2);
         fill(w13, b13, pw, pat, st), fill(s13, bs13, ps, pat, st), fill(w2, b2, pw, pat, st), fill(s2, bs2, ps, pat, st);
-        L[l].w = (kn_moe_weights){E, H, I_TP, w13, s13, w2, s2};
+        L[l].w = (kn_moe_weights){E, H, I_TP, w13, s13, w2, s2, 0, 0};
         L[l].router = dalloc((size_t)E * H * 2);
         L[l].sg = dalloc((size_t)IS_TP * H * 2), L[l].su = dalloc((size_t)IS_TP * H * 2), L[l].sd = dalloc((size_t)H * IS_TP * 2);
         /* each layer its own slice of the pattern: different routers */

@@ -22,7 +22,7 @@
 # default BUILD_DIR/model_hf_mini), not SmolLM2 (slow under emulation); SmolLM2 only for the
 # draft test (test_cuda_tp_draft.c, its quick mode: one case).
 # run_tp.sh BUILD_DIR kimi: tests/backend/test_cuda_kimi_tp.c instead (the
-# 8-head Kimi miniature at TP 2, KIMI_TP_QUICK=1; KIMI_C_MINI_DIR, default
+# 8-head Kimi miniature at TP 2 and expert parallel 2, KIMI_TP_QUICK=1; KIMI_C_MINI_DIR, default
 # BUILD_DIR/kimi_c_mini): DeepSeek-V3's collectives through cuda_ipc, every
 # logit / hidden / aux value == CPU TP's bits, == the staged shm run's and a
 # rerun's (the GPU build's checks, KIMI_TP_GPU_LOGIC=1).
