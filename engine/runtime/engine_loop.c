@@ -206,6 +206,8 @@ void engine_destroy(engine *e) {
     free(e->p_tok);
     free(e->p_seqs);
     free(e->p_q);
+    free(e->p_qrow);
+    free(e->ds_qp);
     free(e->aux_pool);
     free(e->aux_gather);
     free(e->ds_rows);
