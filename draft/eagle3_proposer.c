@@ -40,9 +40,12 @@
  * features and tokens and each layer call's metadata, keeps the chain on
  * the device (argmax + d2t by the backend op, dropped rows compacted with
  * gather_rows) and downloads the drafted ids ONCE at the end; a step with a
- * sampled draft (temperature > 0 with q wanted) draws on the device but
- * brings its q rows [rows, Vd] to the host (the engine verifies those chains
- * there over a host q).
+ * sampled draft (temperature > 0 with q wanted) draws on the device; propose
+ * brings its q rows [rows, Vd] to the host (scattered to target ids: the
+ * engine verifies those chains there), propose_dev leaves them in qd
+ * ([max_k, max_seqs, Vd], carved at load without TP) and tells the engine
+ * which row holds each draft's q, read there through t2d by the device
+ * verifier (nothing but the drafted ids comes back).
  * The device feature cache (opts.feat_cache, proposer.h extend_slots): the
  * pool is instead one row per TARGET KV slot, so the chunk of a sequence's
  * positions [c * bs, (c + 1) * bs) is the target's KV block c of that
@@ -115,6 +118,10 @@ typedef struct e3_proposer {
     e3_buf dr;                 /* I32 [max_k * max_seqs] drafted target ids, step after step (one download) */
     e3_buf nt;                 /* I32 [max_seqs]         the next step's token ids when rows drop out */
     e3_buf dpar;               /* bk_draw_param [max_seqs] a sampling step's draw parameters (bk_ops.draw) */
+    /* device backends without TP: sampled drafts' q kept for the device verifier (propose_dev) */
+    e3_buf qd;                 /* F32 [max_k, max_seqs, Vd] step j's draws write their q rows into slice j */
+    e3_buf t2d;                /* I32 [Vt] target id -> draft column (scored vocabulary), -1 outside */
+    int32_t *qrow;             /* during propose_dev: the caller's [n, k_max] q row of each draft, else NULL */
     /* device backends: the pending pairs' target features stay in backend memory (no host window) */
     e3_buf fpool;              /* F32 [n_fchunks * fc, featw]  feature chunks of fc rows (the KV block size) */
     e3_buf fidx;               /* I32 [max_rows]         pool rows of a chunk of pairs (gather indices) */
@@ -612,9 +619,10 @@ int32_t eagle3_pick(const float *lg, int32_t Vd, const int64_t *used, float temp
     return pickd < 0 ? best : pickd; /* u -> 1 with rounding: the mass is there */
 }
 
-/* Whether row i's drafts are sampled (else argmax, on the backend). */
+/* Whether row i's drafts are sampled (else argmax, on the backend): q wanted (out_q on the host, or the
+ * device rows of propose_dev) and a temperature. */
 static bool samples(const e3_proposer *P, const float *temps, int32_t ci, const float *out_q) {
-    return out_q && !P->opts.argmax_drafts && temps && temps[ci] > 0.0f;
+    return (out_q || P->qrow) && !P->opts.argmax_drafts && temps && temps[ci] > 0.0f;
 }
 
 /* A chain step with a sampled row: every row of lt (logits F32 [nr, Vd], backend memory) drawn by
@@ -624,7 +632,9 @@ static bool samples(const e3_proposer *P, const float *temps, int32_t ci, const 
  * (backends without the op: eagle3_pick on downloaded logits, same uniform). The sampled rows' q (draft
  * vocabulary) is scattered through `used` into out_q's target-vocabulary row; on a device backend the q rows
  * cross to the host here (one download of nr x Vd floats, the logits' size: the engine verifies such a chain
- * on the host). */
+ * on the host). propose_dev (P->qrow set): the draw writes q into slice j of P->qd instead (row j max_seqs + r,
+ * recorded in P->qrow for the sampled rows), nothing is downloaded: the engine's device verifier reads it
+ * there. */
 static int draw_step(e3_proposer *P, e3_seq **S, const int32_t *map, const int32_t *rows, int32_t nr, int32_t j,
                      int32_t k_max, const float *temps, bk_tensor *lt, const bk_tensor *d2t, bk_tensor *dj,
                      float *out_q, float **lgh, specd_err *err) {
@@ -636,7 +646,7 @@ static int draw_step(e3_proposer *P, e3_seq **S, const int32_t *map, const int32
     bk_draw_param *prm = malloc(sizeof(bk_draw_param) * (size_t)nr);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)nr);
     int rc = 0;
-    if (!prm || !ids || (!hv && !*lgh && !(*lgh = malloc(sizeof(float) * (size_t)P->opts.max_seqs * Vd)))) {
+    if (!prm || !ids || (!hv && !P->qrow && !*lgh && !(*lgh = malloc(sizeof(float) * (size_t)P->opts.max_seqs * Vd)))) {
         rc = specd_err_set(err, "out of memory");
         goto done;
     }
@@ -646,6 +656,21 @@ static int draw_step(e3_proposer *P, e3_seq **S, const int32_t *map, const int32
         prm[r] = (bk_draw_param){samples(P, temps, ci, out_q) ? temps[ci] : 0.0f, s->n_tok + j, s->dseed};
     }
     const float *qh = bk_f32(lt);
+    if (P->qrow) { /* propose_dev: q stays in slice j of qd, each sampled row's place recorded */
+        const size_t G = (size_t)P->opts.max_seqs;
+        bk_draw_param *pd = P->dpar.p;
+        bk_tensor qt = bk_wrap_f32((float *)P->qd.p + (size_t)j * G * (size_t)Vd, nr, Vd);
+        if (j >= P->opts.max_k || (size_t)nr > G) {
+            rc = specd_err_set(err, "eagle3: q rows of step %d (%d rows) outside the q buffer [%d, %zu]", j, nr,
+                               P->opts.max_k, G);
+            goto done;
+        }
+        if (fill_commit(P, pd, prm, sizeof(bk_draw_param) * (size_t)nr, err) < 0) { rc = -1; goto done; }
+        if (op->draw(bx, lt, pd, d2t, dj, &qt) < 0) { rc = specd_err_set(err, "eagle3: draft draw failed"); goto done; }
+        for (int32_t r = 0; r < nr; r++)
+            if (prm[r].temperature > 0.0f) P->qrow[(size_t)map[rows[r]] * k_max + j] = (int32_t)((size_t)j * G + (size_t)r);
+        goto done;
+    }
     if (op->draw) {
         bk_draw_param *pd = buf_need(P, &P->dpar, sizeof(bk_draw_param) * (size_t)nr, "draw parameters", err);
         if (!pd) { rc = -1; goto done; }
@@ -1141,6 +1166,31 @@ done:
     return rc;
 }
 
+/* The backend propose_dev leaves q on: a device backend with the draw op, the q buffer carved at load (not
+ * at TP, where rank 0's mirror posts each propose to the workers: q comes to the host there). */
+static const backend *op_dev_q_backend(void *ctx) {
+    const e3_proposer *P = ctx;
+    return P->qd.p && P->t2d.p && !P->mirror && P->be->ops->draw ? P->be : NULL;
+}
+
+/* propose with q left on the device (proposer.h): the draws write q into qd (draw_step), P->qrow records
+ * where; the drafts are propose's. */
+static int op_propose_dev(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max,
+                          const float *temps, int32_t *out_tokens, spec_dev_q *dq, specd_err *err) {
+    e3_proposer *P = ctx;
+    if (!op_dev_q_backend(P))
+        return specd_err_set(err, "eagle3 propose_dev: no device q rows on the %s backend", P->be->name);
+    if (k_max > P->opts.max_k || n > P->opts.max_seqs)
+        return specd_err_set(err, "eagle3 propose_dev: %d sequences of up to %d drafts, the q buffer holds %d x %d", n,
+                             k_max, P->opts.max_seqs, P->opts.max_k);
+    for (int64_t i = 0; i < (int64_t)n * k_max; i++) dq->row[i] = -1;
+    dq->q = P->qd.p, dq->q_vocab = P->Vd, dq->t2d = P->t2d.p;
+    P->qrow = dq->row;
+    const int rc = op_propose(P, ids, k, n, k_max, temps, out_tokens, NULL, err);
+    P->qrow = NULL;
+    return rc;
+}
+
 static void op_truncate(void *ctx, int64_t id, int32_t n_ctx) {
     e3_proposer *P = ctx;
     if (P->mirror) e3m_post_seq(P->mirror, 0, id, (uint64_t)(uint32_t)n_ctx);
@@ -1185,6 +1235,8 @@ static const spec_proposer_ops EAGLE3_OPS = {
     .feat_cache_slots = op_feat_cache_slots,
     .extend_slots = op_extend_slots,
     .propose = op_propose,
+    .dev_q_backend = op_dev_q_backend,
+    .propose_dev = op_propose_dev,
     .truncate = op_truncate,
     .seed_seq = op_seed_seq,
     .free_seq = op_free_seq,
@@ -1288,6 +1340,29 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
             return -1;
         }
         P->fpool.cap = pool, P->fidx.cap = R * 4;
+        /* without TP: the sampled drafts' q rows for the device verifier [max_k, max_seqs, Vd] and the t2d map of
+         * the scored vocabulary (propose_dev), carved here: nothing per step */
+        if (!P->opts.tp_comm && P->be->ops->draw) {
+            const size_t qb = K * G * (size_t)P->Vd * 4, tb = (size_t)P->Vt * 4;
+            int32_t *t2d = malloc(tb);
+            const int64_t *used = eagle3_head_used(P->head);
+            P->qd.p = t2d ? P->be->ops->buf_alloc(P->be->ctx, qb) : NULL;
+            P->t2d.p = P->qd.p ? P->be->ops->buf_alloc(P->be->ctx, tb) : NULL;
+            if (P->t2d.p) {
+                for (int32_t i = 0; i < P->Vt; i++) t2d[i] = -1;
+                for (int32_t i = 0; i < P->Vd; i++)
+                    if (used[i] >= 0 && used[i] < P->Vt) t2d[used[i]] = i;
+            }
+            if (!P->t2d.p || P->be->ops->upload(P->be->ctx, P->t2d.p, t2d, tb) < 0) {
+                free(t2d);
+                specd_err_set(err, "cannot allocate the draft's q rows (%zu bytes of %s memory: %zu x %zu x %d floats)",
+                              qb + tb, P->be->name, K, G, P->Vd);
+                eagle3_destroy(&P->pub);
+                return -1;
+            }
+            free(t2d);
+            P->qd.cap = qb, P->t2d.cap = tb;
+        }
         for (int32_t i = 0; i < P->n_fchunks && !P->slots; i++) P->ffree[i] = P->n_fchunks - 1 - i;
         P->n_ffree = P->slots ? 0 : P->n_fchunks;
         /* the target leaves its aux capture in a fixed device buffer the pool copies from (extend_rows) */
@@ -1315,7 +1390,7 @@ void eagle3_destroy(spec_proposer *p) {
     while (P->n_seqs > 0) op_free_seq(P, P->seqs[0]->id);
     free(P->seqs);
     e3_buf *bufs[] = {&P->aux, &P->g, &P->hout, &P->tok, &P->idx, &P->hA, &P->hB, &P->lg, &P->dr, &P->nt,
-                      &P->dpar, &P->fpool, &P->fidx};
+                      &P->dpar, &P->fpool, &P->fidx, &P->qd, &P->t2d};
     if (P->be && !P->be->host_visible) P->be->ops->download(P->be->ctx, NULL, NULL, 0); /* queued work is done */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_drop(P, bufs[i]);
     eagle3_head_destroy(P->head);

@@ -171,12 +171,22 @@ struct ArrayW {
     __device__ float operator()(int32_t i) const { return p[i]; }
 };
 
-/* max(0, p - q), q one-hot at x when NULL (sampler_accept's residual). */
+/* q(i) of a draft's row qr over the DRAFT vocabulary (q_vocab columns) read through t2d (target id ->
+ * column, < 0 or >= q_vocab: outside the draft vocabulary, q = 0); t2d NULL: the row is over the target
+ * vocabulary itself. */
+__device__ __forceinline__ float q_at(const float *qr, const int32_t *t2d, int32_t qv, int32_t i) {
+    if (!t2d) return qr[i];
+    const int32_t c = t2d[i];
+    return c >= 0 && c < qv ? qr[c] : 0.0f;
+}
+
+/* max(0, p - q), q one-hot at x when NULL (sampler_accept's residual); q read through t2d (q_at). */
 struct ResidualW {
     const float *p, *q;
-    int32_t x;
+    const int32_t *t2d;
+    int32_t qv, x;
     __device__ float operator()(int32_t i) const {
-        const float qi = q ? q[i] : (i == x ? 1.0f : 0.0f);
+        const float qi = q ? q_at(q, t2d, qv, i) : (i == x ? 1.0f : 0.0f);
         const float d = p[i] - qi;
         return d > 0.0f ? d : 0.0f;
     }
@@ -416,7 +426,8 @@ __global__ void __launch_bounds__(kT) kn_sample_kernel(const float *logits, cons
     }
 }
 
-__global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, const float *q, const int32_t *target_tok,
+__global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, const float *const *q, int32_t qv,
+                                                             const int32_t *t2d, const int32_t *target_tok,
                                                              const int32_t *draft, const int32_t *n_draft,
                                                              const uint8_t *greedy, const uint64_t *seed,
                                                              const int32_t *pos0, const int32_t *row0,
@@ -444,11 +455,11 @@ __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, cons
     const uint64_t sd = seed[s];
     for (int32_t j = 0; j < nd; j++) {
         const float *pj = p + (r0 + (size_t)j) * (size_t)V;
-        const float *qj = q ? q + ((size_t)s * (size_t)k_max + (size_t)j) * (size_t)V : nullptr;
+        const float *qj = q ? q[(size_t)s * (size_t)k_max + (size_t)j] : nullptr;
         const int32_t x = d[j], P = pos0[s] + j;
         const bool ok = x >= 0 && x < V;
         const double px = ok ? (double)pj[x] : 0.0;
-        const double qx = ok ? (qj ? (double)qj[x] : 1.0) : 1.0;
+        const double qx = ok ? (qj ? (double)q_at(qj, t2d, qv, x) : 1.0) : 1.0;
         const double u = us ? us[j] : kn_philox_uniform(sd, P, 0);
         if (px > 0.0 && (qx <= 0.0 || u * qx < px)) {
             if (tid == 0) out[j] = x;
@@ -456,7 +467,7 @@ __global__ void __launch_bounds__(kT) kn_spec_verify_kernel(const float *p, cons
         }
         const double u2 = us ? us[j + 1] : kn_philox_uniform(sd, P, 1);
         double total;
-        int32_t tok = block_draw(sh, ResidualW{pj, qj, x}, V, u2, &total);
+        int32_t tok = block_draw(sh, ResidualW{pj, qj, t2d, qv, x}, V, u2, &total);
         if (!(total > 0.0)) tok = block_draw(sh, ArrayW{pj}, V, u2, &total);
         if (tid == 0) {
             out[j] = tok;
@@ -527,17 +538,20 @@ extern "C" int kn_sample(const float *logits, const kn_sample_params *params, co
     return (int)cudaGetLastError();
 }
 
-extern "C" int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
-                              const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed,
-                              const int32_t *pos0, const int32_t *row0, const double *u, int32_t n_seqs,
-                              int32_t k_max, int32_t vocab, int32_t *n_accepted, int32_t *out_tokens, void *stream) {
+extern "C" int kn_spec_verify(const float *p, const float *const *q, int32_t q_vocab, const int32_t *t2d,
+                              const int32_t *target_tok, const int32_t *draft, const int32_t *n_draft,
+                              const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0, const int32_t *row0,
+                              const double *u, int32_t n_seqs, int32_t k_max, int32_t vocab, int32_t *n_accepted,
+                              int32_t *out_tokens, void *stream) {
     if (n_seqs < 0 || k_max < 0 || vocab <= 0) return (int)cudaErrorInvalidValue;
     if (n_seqs == 0) return 0;
     if ((k_max > 0 && !draft) || !n_draft || !greedy || !seed || !pos0 || !n_accepted || !out_tokens)
         return (int)cudaErrorInvalidValue;
     if (!p && !target_tok) return (int)cudaErrorInvalidValue;
+    if (q && (q_vocab <= 0 || (!t2d && q_vocab != vocab))) return (int)cudaErrorInvalidValue;
     kn_spec_verify_kernel<<<(unsigned)n_seqs, kT, 0, (cudaStream_t)stream>>>(
-        p, q, target_tok, draft, n_draft, greedy, seed, pos0, row0, u, k_max, vocab, n_accepted, out_tokens);
+        p, q, q_vocab, t2d, target_tok, draft, n_draft, greedy, seed, pos0, row0, u, k_max, vocab, n_accepted,
+        out_tokens);
     return (int)cudaGetLastError();
 }
 

@@ -28,7 +28,10 @@
  *     accepted iff p(x) > 0 and (q(x) <= 0 or u q(x) < p(x)), u =
  *     kn_philox_uniform(seed, P, 0) (q = NULL: one-hot drafts, q(x) = 1);
  *     on rejection the replacement is drawn from max(0, p - q) (from p when
- *     that is all zero) with u2 = kn_philox_uniform(seed, P, 1);
+ *     that is all zero) with u2 = kn_philox_uniform(seed, P, 1). q may be
+ *     over the DRAFT vocabulary (EAGLE-3's q as the draw left it): q(x) =
+ *     qd[t2d[x]], 0 for an x outside the draft vocabulary (t2d[x] < 0), the
+ *     same values as the host's q scattered to target ids (sampler_accept);
  *   every draft accepted: the bonus token is drawn from row n_draft with
  *     kn_philox_uniform(seed, pos0 + n_draft, 0) (greedy: its argmax).
  * Penalties that depend on the accepted drafts are the caller's: row j's p /
@@ -95,8 +98,13 @@ int kn_sample(const float *logits, const kn_sample_params *params, const int32_t
  *              (may be NULL when every sequence is greedy: a NULL p makes
  *              every sequence greedy); with row0: f32 [*, vocab], sequence
  *              s's rows at row0[s] .. row0[s] + n_draft[s]
- *  q           device f32 [n_seqs, k_max, vocab] draft distributions, or NULL
- *              (one-hot drafts: argmax drafting)
+ *  q           device array [n_seqs, k_max] of device pointers: q[s k_max + j]
+ *              = draft j's distribution, a row of q_vocab f32 (NULL entry: a
+ *              one-hot draft), or q NULL (every draft one-hot: argmax drafting)
+ *  q_vocab     columns of a q row (> 0 when q is not NULL)
+ *  t2d         device int32 [vocab]: target id -> column of a q row, < 0 (or
+ *              >= q_vocab) outside the draft vocabulary (q = 0 there); NULL:
+ *              the rows are over the target vocabulary (q_vocab == vocab)
  *  target_tok  device int32 [n_seqs, k_max + 1]: each row's argmax (used by
  *              greedy sequences; may be NULL when none is greedy, else such
  *              a sequence gets n_accepted = -1)
@@ -115,10 +123,10 @@ int kn_sample(const float *logits, const kn_sample_params *params, const int32_t
  * Outputs: n_accepted device int32 [n_seqs]; out_tokens device int32
  * [n_seqs, k_max + 1], entries 0..n_accepted (accepted drafts, then the
  * correction or bonus token). */
-int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
-                   const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0,
-                   const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t vocab,
-                   int32_t *n_accepted, int32_t *out_tokens, void *stream);
+int kn_spec_verify(const float *p, const float *const *q, int32_t q_vocab, const int32_t *t2d,
+                   const int32_t *target_tok, const int32_t *draft, const int32_t *n_draft, const uint8_t *greedy,
+                   const uint64_t *seed, const int32_t *pos0, const int32_t *row0, const double *u, int32_t n_seqs,
+                   int32_t k_max, int32_t vocab, int32_t *n_accepted, int32_t *out_tokens, void *stream);
 
 /* One row of kn_sample_draw (16 bytes; engine/backend/backend.h's
  * bk_draw_param has this layout, checked in cuda_backend.c). */

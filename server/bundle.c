@@ -267,7 +267,10 @@ static int draft_plan(const specd_bundle *b, const specd_config *cfg, const dev_
         dd->feat_tok = 4 * (size_t)(n_aux > 0 ? n_aux : EAGLE3_MAX_AUX) * (size_t)d->hidden;
     const int64_t chunks = dd->feat_tok ? 0 : 2 * ((R + block - 1) / block + 1) + S * ((b->spec.k + 2 + block - 1) / block + 1);
     const size_t bufs = 4 * (size_t)R * (size_t)(featw + 2 * H + 2) + 4 * (size_t)S * (size_t)(2 * H + Vd + 1 + 17) +
-                        4 * (size_t)(chunks * block) * (size_t)featw;
+                        4 * (size_t)(chunks * block) * (size_t)featw +
+                        /* without TP: sampled drafts' q rows [k, S, Vd] kept for the device verifier, and t2d */
+                        (N > 1 ? 0 : 4 * (size_t)(b->spec.k > 0 ? b->spec.k : 1) * (size_t)S * (size_t)Vd +
+                                         4 * (size_t)d->vocab);
     dd->per_tok = kv_tok;
     dd->vocab = Vd;
     dd->fixed = (size_t)files + 4 * (size_t)Vl * (size_t)H + (size_t)(256 * block) * kv_tok + ws + bufs +

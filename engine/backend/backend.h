@@ -211,14 +211,24 @@ typedef struct bk_draw_param {
 /* A speculative chain to verify in bk_ops.sample: rows row0 .. row0 + n_draft
  * of the logits are the target at x_m and after each draft; row j's
  * bk_sample_row carries that row's history (drafts 1..j appended). Greedy:
- * accept draft j iff it is row j's argmax; sampling (one-hot drafts, q =
- * NULL): sampler_accept's rule with u[j] (test) and u[j + 1] (replacement),
- * the bonus with u[n_draft] (the uniforms the host would draw, in order). */
+ * accept draft j iff it is row j's argmax; sampling: sampler_accept's rule
+ * with u[j] (test) and u[j + 1] (replacement), the bonus with u[n_draft] (the
+ * uniforms the host would draw, in order), against the draft's q: one-hot at
+ * the draft when q is NULL (or q[j] is NULL), else the row q[j] in BACKEND
+ * memory (the draft's distribution as its draw left it, never downloaded):
+ * q_vocab f32 over the DRAFT vocabulary, read through t2d (q(x) =
+ * q[j][t2d[x]], 0 where t2d[x] < 0: exactly the host's q scattered to target
+ * ids, so the residual max(0, p - q) subtracts only the draft vocabulary's
+ * entries). */
 typedef struct bk_verify_seq {
     int32_t row0, n_draft;            /* n_draft in [0, 15] */
     const int32_t *draft;             /* [n_draft] target ids */
     bool greedy;
     const double *u;                  /* [n_draft + 2], unused when greedy */
+    const float *const *q;            /* host [n_draft] of backend pointers to rows of q_vocab f32, or NULL */
+    int32_t q_vocab;                  /* columns of a q row */
+    const int32_t *t2d;               /* backend I32 [vocab]: target id -> q column, -1 outside the draft
+                                       * vocabulary; NULL: the rows are over the target vocabulary */
 } bk_verify_seq;
 /* DeepSeek-V3 MoE (issue 19; the moe_* ops). One layer's routed experts as
  * moe_place left them in backend memory, in the backend's own layout (CUDA:

@@ -35,7 +35,10 @@
  * copy to its device mirror; kn_sample runs in chunks of CU_SAMPLE_CHUNK rows
  * over a fixed scratch (3 x [32, vocab] floats), writing the processed
  * distributions over the consumed logits when a chain samples; kn_spec_verify
- * reads them in place (row0 = each chain's first row); ONE download brings
+ * reads them in place (row0 = each chain's first row), and a sampled draft's q
+ * where the draft's draw left it (bk_verify_seq.q: device row pointers staged
+ * per draft, DRAFT-vocabulary rows read through the chain's t2d map; every
+ * such chain of a call shares one map); ONE download brings
  * back the ids [n_rows], the accepted counts and the chains' tokens. The
  * staging, its mirror and the scratch are carved at create when
  * opts.sample_vocab is set (counted by bk_cuda_fixed_bytes: 12 x 32 x vocab
@@ -768,7 +771,8 @@ static size_t cu_sample_base_bytes(const bk_cuda_opts *o) {
     const size_t rows = (size_t)(o->max_tokens < 16 * o->max_seqs ? o->max_tokens : 16 * o->max_seqs);
     const size_t ch = (size_t)o->max_seqs;
     return rows * sizeof(kn_sample_params) + 4 * CU_SAMPLE_HIST_IDS + 12 * CU_SAMPLE_LIST_IDS +
-           ch * (15 * 4 + 4 + 1 + 8 + 4 + 4 + 17 * 8) + (rows + ch * 17) * 4 + 13 * 8; /* + alignment of 13 regions */
+           ch * (15 * 4 + 4 + 1 + 8 + 4 + 4 + 17 * 8 + 15 * 8) + (rows + ch * 17) * 4 +
+           14 * 8; /* + alignment of 14 regions */
 }
 
 /* Grows the sampling staging (pinned + device, `bytes` each; doubling unless exact) and the scratch for `vocab`. */
@@ -806,9 +810,10 @@ static size_t cu_al8(size_t n) { return (n + 7) & ~(size_t)7; }
 
 /* The staging layout (offsets into sm_h / sm_d), inputs then outputs. */
 typedef struct cu_sample_layout {
-    size_t prm, hist, supp, bias_ids, bias, draft, n_draft, greedy, seed, pos0, row0, u; /* inputs */
-    size_t out, in_bytes, total;                                                        /* outputs */
+    size_t prm, hist, supp, bias_ids, bias, draft, n_draft, greedy, seed, pos0, row0, u, q; /* inputs */
+    size_t out, in_bytes, total;                                                           /* outputs */
     int32_t k_max, n_hist, n_supp, n_bias;
+    bool any_q;             /* a chain with device q rows: q [nv, k_max] pointers staged */
 } cu_sample_layout;
 
 static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, const bk_verify_seq *vs, int32_t nv) {
@@ -825,7 +830,10 @@ static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, con
         L.n_supp += rows[r].n_suppress;
         L.n_bias += rows[r].n_bias;
     }
-    for (int32_t v = 0; v < nv; v++) if (vs[v].n_draft > L.k_max) L.k_max = vs[v].n_draft;
+    for (int32_t v = 0; v < nv; v++) {
+        if (vs[v].n_draft > L.k_max) L.k_max = vs[v].n_draft;
+        L.any_q |= !vs[v].greedy && vs[v].q != NULL;
+    }
     const size_t V = (size_t)nv, K = (size_t)L.k_max;
     size_t o = 0;
     L.prm = o, o = cu_al8(o + (size_t)n * sizeof(kn_sample_params));
@@ -840,6 +848,7 @@ static cu_sample_layout cu_sample_plan(const bk_sample_row *rows, int32_t n, con
     L.pos0 = o, o = cu_al8(o + V * 4);
     L.row0 = o, o = cu_al8(o + V * 4);
     L.u = o, o = cu_al8(o + V * (K + 2) * 8);
+    L.q = o, o = cu_al8(o + (L.any_q ? V * K * 8 : 0));
     L.in_bytes = o;
     L.out = o, o = cu_al8(o + ((size_t)n + V + V * (K + 1)) * 4); /* ids [n] | n_accepted [nv] | tokens [nv, K+1] */
     L.total = o;
@@ -877,11 +886,21 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
                    V <= INT32_MAX,
                "sample: logits [%lld, %lld] for %d rows", (long long)logits->rows, (long long)V, n_rows);
     if (n_rows == 0) return 0;
-    for (int32_t v = 0; v < n_verify; v++)
+    const bk_verify_seq *vq = NULL; /* the first sampling chain with device q rows: the others share its map */
+    for (int32_t v = 0; v < n_verify; v++) {
         CU_REQUIRE(vs[v].n_draft >= 0 && vs[v].n_draft <= 15 && vs[v].row0 >= 0 &&
                        vs[v].row0 + vs[v].n_draft < n_rows && (vs[v].greedy || vs[v].u),
                    "sample: verify chain %d (rows %d + %d drafts of %d, %s)", v, vs[v].row0, vs[v].n_draft, n_rows,
                    vs[v].greedy ? "greedy" : "sampling");
+        if (vs[v].greedy || !vs[v].q) continue;
+        CU_REQUIRE(vs[v].q_vocab > 0 && (vs[v].t2d || vs[v].q_vocab == V),
+                   "sample: verify chain %d: q rows of %d columns %s a t2d map (vocabulary %lld)", v, vs[v].q_vocab,
+                   vs[v].t2d ? "with" : "without", (long long)V);
+        if (!vq) vq = &vs[v];
+        CU_REQUIRE(vs[v].q_vocab == vq->q_vocab && vs[v].t2d == vq->t2d,
+                   "sample: verify chain %d: q over another draft vocabulary (%d columns) than chain %d's (%d)", v,
+                   vs[v].q_vocab, (int)(vq - vs), vq->q_vocab);
+    }
     if (cu_bind(c) < 0) return -1;
     const cu_sample_layout L = cu_sample_plan(rows, n_rows, vs, n_verify);
     int32_t nvl = 0, mid = 0;
@@ -949,6 +968,10 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
         ((int32_t *)(h + L.row0))[v] = vs[v].row0;
         double *u = (double *)(h + L.u) + (size_t)v * (K + 2);
         for (int32_t j = 0; j < K + 2; j++) u[j] = !vs[v].greedy && j < vs[v].n_draft + 2 ? vs[v].u[j] : 0.0;
+        if (L.any_q) { /* draft j's q row (a device pointer) or NULL: one-hot */
+            const float **qp = (const float **)(h + L.q) + (size_t)v * K;
+            for (int32_t j = 0; j < K; j++) qp[j] = !vs[v].greedy && vs[v].q && j < vs[v].n_draft ? vs[v].q[j] : NULL;
+        }
         any_sampling |= !vs[v].greedy;
     }
     CU_CHECK(cudaMemcpyAsync(d, h, L.in_bytes, cudaMemcpyHostToDevice, c->stream));
@@ -964,7 +987,8 @@ static int cu_sample(void *vctx, const bk_tensor *logits, const bk_sample_row *r
     }
     int32_t *d_acc = d_ids + n_rows, *d_tok = d_acc + n_verify;
     if (n_verify > 0)
-        CU_CHECK(kn_spec_verify(any_sampling ? lg : NULL, NULL, d_ids, (const int32_t *)(d + L.draft),
+        CU_CHECK(kn_spec_verify(any_sampling ? lg : NULL, L.any_q ? (const float *const *)(d + L.q) : NULL,
+                                vq ? vq->q_vocab : 0, vq ? vq->t2d : NULL, d_ids, (const int32_t *)(d + L.draft),
                                 (const int32_t *)(d + L.n_draft), (const uint8_t *)(d + L.greedy),
                                 (const uint64_t *)(d + L.seed), (const int32_t *)(d + L.pos0),
                                 (const int32_t *)(d + L.row0), (const double *)(d + L.u), n_verify, K, (int32_t)V,

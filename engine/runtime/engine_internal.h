@@ -85,6 +85,8 @@ typedef struct sched_seq {
     int32_t draft[16];            /* this step's draft tokens (target ids) */
     int32_t n_draft;              /* drafts verified this step (sched_new = 1 + n_draft) */
     const float *draft_q;         /* [n_draft, vocab] draft distributions, NULL = one-hot */
+    const int32_t *draft_qrow;    /* propose_dev: [n_draft] rows of engine.qdev.q (on sample_be), -1 one-hot;
+                                   * NULL: none (verified on the device, never on the host) */
     /* device sampling (scheduler.c device_sample, runner.sample_be): this step's results */
     bool dev_sampled;             /* the tokens below replace host sampling this step */
     int32_t dev_tok;              /* plain row: the sampled token */
@@ -123,6 +125,7 @@ struct engine {
     bk_sample_row *ds_rows; int32_t *ds_ids; size_t cap_ds_rows;
     bk_verify_seq *ds_vs; int32_t *ds_acc, *ds_vtok; sched_seq **ds_vseq; size_t cap_ds_vs;
     double *ds_u; size_t cap_ds_u;
+    const float **ds_qp; size_t cap_ds_qp;                 /* chains' device q row pointers [n_verify, 16] */
     int32_t *ds_hist; size_t cap_ds_hist;             /* chains' histories with drafts appended */
     float *prob;                                          /* [vocab] scratch */
     /* speculative decoding (spec.c); all empty without a proposer */
@@ -136,6 +139,8 @@ struct engine {
     int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
     sched_seq **p_seqs;
     float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */
+    int32_t *p_qrow;                                      /* [max_num_seqs, 16] propose_dev's q rows */
+    spec_dev_q qdev;                                      /* the last propose_dev's q (rows on sample_be) */
     float *aux_pool;      /* [n_blocks * block_size, n_aux * hidden]: aux features by KV slot, so a
                              prefix-cache hit can feed the draft the cached positions' features;
                              only with a proposer, aux layers and prefix caching */

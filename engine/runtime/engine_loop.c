@@ -84,6 +84,10 @@ fail:
 int engine_set_proposer(engine *e, struct spec_proposer *p, specd_err *err) {
     if (e->started) return specd_err_set(err, "engine: attach the proposer before engine_start");
     if (p && (!p->ops || !p->ops->propose)) return specd_err_set(err, "engine: proposer without a propose op");
+    if (p && !p->ops->propose_dev != !p->ops->dev_q_backend)
+        return specd_err_set(err, "engine: proposer with %s but no %s (proposer.h: both or neither)",
+                             p->ops->propose_dev ? "propose_dev" : "dev_q_backend",
+                             p->ops->propose_dev ? "dev_q_backend" : "propose_dev");
     e->proposer = p;
     return spec_init(e, err);
 }
@@ -206,6 +210,8 @@ void engine_destroy(engine *e) {
     free(e->p_tok);
     free(e->p_seqs);
     free(e->p_q);
+    free(e->p_qrow);
+    free(e->ds_qp);
     free(e->aux_pool);
     free(e->aux_gather);
     free(e->ds_rows);

@@ -20,6 +20,17 @@ typedef struct spec_seq_ref {
     int32_t n_ctx;           /* tokens of this sequence already known to the target */
 } spec_seq_ref;
 
+struct backend;
+
+/* The draft distributions of a propose_dev call, left in the proposer's
+ * backend memory for a verifier on that backend (bk_verify_seq.q). */
+typedef struct spec_dev_q {
+    const float *q;          /* backend memory: rows of q_vocab f32 over the DRAFT vocabulary */
+    int32_t q_vocab;
+    const int32_t *t2d;      /* backend memory: I32 [target vocab]: target id -> q column, -1 outside */
+    int32_t *row;            /* host [n, k_max], the CALLER's: row of q holding draft j of sequence i, -1: one-hot */
+} spec_dev_q;
+
 typedef struct spec_proposer_ops {
     /* Target layers whose INPUT residual stream the proposer needs (EAGLE-3 aux
      * capture), written to *layers (<= 8). Returns the count. */
@@ -60,6 +71,15 @@ typedef struct spec_proposer_ops {
      * probabilities (zero outside the draft vocabulary). */
     int (*propose)(void *ctx, const int64_t *seq_ids, const int32_t *k, int32_t n, int32_t k_max,
                    const float *temperatures, int32_t *out_tokens, float *out_q, specd_err *err);
+    /* Optional, both or neither. dev_q_backend: the backend propose_dev leaves q on (NULL: it cannot now).
+     * propose_dev: propose with out_q wanted, except that q stays in that backend's memory: the same
+     * drafts, and dq->row[i * k_max + j] names the row of dq->q (over the draft vocabulary, read through
+     * dq->t2d) with draft j's distribution, -1 for a one-hot draft (greedy rows, argmax drafts). The rows
+     * stay valid until the next propose / propose_dev / extend (the engine verifies before extending);
+     * nothing crosses to the host but the drafted ids. */
+    const struct backend *(*dev_q_backend)(void *ctx);
+    int (*propose_dev)(void *ctx, const int64_t *seq_ids, const int32_t *k, int32_t n, int32_t k_max,
+                       const float *temperatures, int32_t *out_tokens, spec_dev_q *dq, specd_err *err);
     /* Rolls the draft state of a sequence back to n_ctx committed tokens. */
     void (*truncate)(void *ctx, int64_t seq_id, int32_t n_ctx);
     /* Frees everything of a sequence. */

@@ -28,7 +28,8 @@
  * host-visible): the forward leaves the logits on the device; run_batch puts
  * the rows sampled there first (plan_out_rows), then the raw rows only the
  * host reads (prompt logprobs, chains of sampling requests whose draft gave
- * q rows); device_sample downloads those, describes every other row
+ * q rows on the HOST; a draft whose q stayed on the device, propose_dev, is
+ * verified there); device_sample downloads those, describes every other row
  * (parameters, history, min_tokens mask, logit_bias, and the uniform drawn
  * from the request's own RNG exactly as sampler_sample / sampler_accept would
  * draw it) and makes ONE bk_ops.sample call; postprocess and spec_verify_seq
@@ -257,8 +258,9 @@ static void schedule(engine *e) {
 /* ---------------------------------------------------------------- run */
 
 /* A sampling sequence verified with draft distributions (q rows) on a device-sampling engine: its
- * chain is verified on the host over downloaded rows (kn_spec_verify takes q from the device, and
- * the draft's q rows are on the host today). */
+ * chain is verified on the host over downloaded rows (the draft's q rows are on the host: a proposer
+ * without propose_dev, or whose q is not on sample_be; with propose_dev draft_q is NULL and the chain is
+ * verified on the device against draft_qrow's device rows). */
 static bool ds_on_host(const sched_seq *s) { return s->n_draft > 0 && !sampler_is_greedy(&s->sp) && s->draft_q; }
 
 /* Logits rows for S's prompt-logprob positions of this step (if any), from *n_out on. */
@@ -466,6 +468,7 @@ static int device_sample(engine *e, specd_err *err) {
         if (!nq) goto oom;
         e->ds_vseq = nq;
         if (grow((void **)&e->ds_u, &e->cap_ds_u, n_u, sizeof *e->ds_u) != 0) goto oom;
+        if (grow((void **)&e->ds_qp, &e->cap_ds_qp, n_vs * 16, sizeof *e->ds_qp) != 0) goto oom;
         if (grow((void **)&e->ds_hist, &e->cap_ds_hist, n_hist, sizeof *e->ds_hist) != 0) goto oom;
     }
     size_t r = 0, v = 0, ou = 0, oh = 0;
@@ -489,6 +492,12 @@ static int device_sample(engine *e, specd_err *err) {
         for (int32_t j = 0; j < s->n_draft + 2; j++) u[j] = greedy ? 0.0 : sampler_rng_uniform(&peek);
         e->ds_vs[v] = (bk_verify_seq){.row0 = (int32_t)r, .n_draft = s->n_draft, .draft = s->draft,
                                       .greedy = greedy, .u = u};
+        if (!greedy && s->draft_qrow) { /* the draft's q rows where propose_dev left them (device pointers) */
+            const float **qp = e->ds_qp + (size_t)v * 16;
+            for (int32_t j = 0; j < s->n_draft; j++)
+                qp[j] = s->draft_qrow[j] >= 0 ? e->qdev.q + (size_t)s->draft_qrow[j] * (size_t)e->qdev.q_vocab : NULL;
+            e->ds_vs[v].q = qp, e->ds_vs[v].q_vocab = e->qdev.q_vocab, e->ds_vs[v].t2d = e->qdev.t2d;
+        }
         e->ds_vseq[v++] = s;
         for (int32_t j = 0; j <= s->n_draft; j++) e->ds_rows[r++] = ds_row(s, h, n_out + j, j, 0.0);
     }

@@ -12,7 +12,12 @@
  *            makes it a plain decode step in the same batch.
  *   propose  spec_propose: ONE proposer call for all such sequences; drafts
  *            d_1..d_k are target ids; a -1 (or an id out of range) ends that
- *            sequence's drafts. q rows only when some sequence samples.
+ *            sequence's drafts. q rows only when some sequence samples:
+ *            on the host [n, k_max, V], or, when the proposer can leave
+ *            them on the backend that samples the logits (propose_dev,
+ *            dev_q_backend == runner.sample_be), there (draft_qrow): such a
+ *            chain is verified on the device (scheduler.c device_sample)
+ *            and its q never crosses to the host.
  *   verify   the sequence contributes [x_m, d_1..d_k] at positions m..m+k to
  *            the step's single model_forward, with a logits row for each
  *            (row j = target distribution for position m + 1 + j).
@@ -74,14 +79,15 @@ int spec_init(engine *e, specd_err *err) {
     e->n_aux = n;
     memcpy(e->aux_layers, layers, (size_t)n * sizeof *layers);
     size_t ns = (size_t)e->cfg.max_num_seqs;
-    free(e->p_seqs), free(e->p_ids), free(e->p_k), free(e->p_temp), free(e->p_tok), free(e->prob);
+    free(e->p_seqs), free(e->p_ids), free(e->p_k), free(e->p_temp), free(e->p_tok), free(e->prob), free(e->p_qrow);
     e->p_seqs = malloc(ns * sizeof *e->p_seqs);
     e->p_ids = malloc(ns * sizeof *e->p_ids);
     e->p_k = malloc(ns * sizeof *e->p_k);
     e->p_temp = malloc(ns * sizeof *e->p_temp);
     e->p_tok = malloc(ns * 16 * sizeof *e->p_tok);
+    e->p_qrow = malloc(ns * 16 * sizeof *e->p_qrow);
     e->prob = malloc((size_t)e->runner.vocab * sizeof *e->prob);
-    if (!e->p_seqs || !e->p_ids || !e->p_k || !e->p_temp || !e->p_tok || !e->prob)
+    if (!e->p_seqs || !e->p_ids || !e->p_k || !e->p_temp || !e->p_tok || !e->prob || !e->p_qrow)
         return specd_err_set(err, "engine: out of memory for speculative buffers");
     e->cap_prop = ns;
     free(e->aux_pool);
@@ -213,6 +219,7 @@ void spec_propose(engine *e) {
         sched_seq *s = e->sched[i];
         s->n_draft = 0;
         s->draft_q = NULL;
+        s->draft_qrow = NULL;
         if (s->sched_k <= 0) continue;
         n++;
         if (s->sched_k > k_max) k_max = s->sched_k;
@@ -221,8 +228,13 @@ void spec_propose(engine *e) {
     if (n == 0) return;
     const int32_t V = e->runner.vocab;
     if (n > e->cap_prop) return; /* cannot happen: n <= max_num_seqs */
+    /* q on the device: the proposer leaves it on the backend that samples the logits (propose_dev), the chain is
+     * verified there and nothing but ids and counts comes back; else q rows [n, k_max, V] on the host */
+    const spec_proposer_ops *po = e->proposer->ops;
+    const bool qdev = sampling && e->runner.sample_be && po->propose_dev && po->dev_q_backend &&
+                      po->dev_q_backend(e->proposer->ctx) == e->runner.sample_be;
     size_t q_rows = n * (size_t)k_max;
-    if (sampling && q_rows > e->cap_q_rows) {
+    if (sampling && !qdev && q_rows > e->cap_q_rows) {
         float *nq = realloc(e->p_q, q_rows * (size_t)V * sizeof *nq);
         if (!nq) return;
         e->p_q = nq;
@@ -244,8 +256,11 @@ void spec_propose(engine *e) {
     for (size_t t = 0; t < n * (size_t)k_max; t++) e->p_tok[t] = -1;
     specd_err err = {0};
     double t0 = engine_cost_clock(e);
-    if (e->proposer->ops->propose(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok,
-                                  sampling ? e->p_q : NULL, &err) != 0) {
+    e->qdev = (spec_dev_q){.row = e->p_qrow};
+    if ((qdev ? po->propose_dev(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok, &e->qdev,
+                                &err)
+              : po->propose(e->proposer->ctx, e->p_ids, e->p_k, (int32_t)n, k_max, e->p_temp, e->p_tok,
+                            sampling ? e->p_q : NULL, &err)) != 0) {
         LOG_WARN("engine: proposer failed, verifying without drafts: %s", err.msg);
         return;
     }
@@ -260,7 +275,8 @@ void spec_propose(engine *e) {
             s->draft[nd++] = t;
         }
         s->n_draft = nd;
-        s->draft_q = sampling ? e->p_q + i * (size_t)k_max * (size_t)V : NULL;
+        s->draft_q = sampling && !qdev ? e->p_q + i * (size_t)k_max * (size_t)V : NULL;
+        s->draft_qrow = qdev ? e->p_qrow + i * (size_t)k_max : NULL;
         s->sched_new = 1 + nd;
     }
 }

@@ -44,6 +44,7 @@ int fake_violations, fake_kn_add_rmsnorm_calls, fake_kn_calls;
 long fake_h2d, fake_d2h, fake_syncs;
 size_t fake_d2h_bytes, fake_h2d_bytes;
 int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls, fake_kn_sample_draw_calls;
+long fake_kn_spec_verify_q_rows; /* draft rows kn_spec_verify tested against a dense q (device q rows) */
 long fake_host_launches, fake_graph_launches, fake_captured_launches;
 int fake_graphs_alive;
 
@@ -526,9 +527,14 @@ int kn_sample_draw(const float *logits, const kn_draw_params *params, const void
     return 0;
 }
 
-int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, const int32_t *draft,
-                   const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed, const int32_t *pos0,
-                   const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t V,
+/* q(i) of a draft row over the draft vocabulary through t2d (kn_sample.cu q_at): 0 outside it. */
+static float fake_q_at(const float *qr, const int32_t *t2d, int32_t qv, int32_t i) {
+    if (!t2d) return qr[i];
+    return t2d[i] >= 0 && t2d[i] < qv ? qr[t2d[i]] : 0.0f;
+}
+int kn_spec_verify(const float *p, const float *const *q, int32_t qv, const int32_t *t2d, const int32_t *target_tok,
+                   const int32_t *draft, const int32_t *n_draft, const uint8_t *greedy, const uint64_t *seed,
+                   const int32_t *pos0, const int32_t *row0, const double *u, int32_t n_seqs, int32_t k_max, int32_t V,
                    int32_t *n_accepted, int32_t *out_tokens, void *stream) {
     (void)stream;
     fake_kn_calls++, fake_kn_spec_verify_calls++;
@@ -536,6 +542,9 @@ int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, co
     if (n_seqs == 0) return 0;
     if ((k_max > 0 && !draft) || !n_draft || !greedy || !seed || !pos0 || !n_accepted || !out_tokens) return cudaErrorInvalidValue;
     if (!p && !target_tok) return cudaErrorInvalidValue;
+    if (q && (qv <= 0 || (!t2d && qv != V))) return cudaErrorInvalidValue;
+    if (q) DEV(q, (size_t)n_seqs * k_max * sizeof *q);
+    if (t2d) DEV(t2d, (size_t)V * 4);
     DEV(n_draft, (size_t)n_seqs * 4); DEV(greedy, (size_t)n_seqs); DEV(seed, (size_t)n_seqs * 8); DEV(pos0, (size_t)n_seqs * 4);
     DEV(n_accepted, (size_t)n_seqs * 4); DEV(out_tokens, (size_t)n_seqs * (k_max + 1) * 4);
     if (k_max) DEV(draft, (size_t)n_seqs * k_max * 4);
@@ -561,14 +570,19 @@ int kn_spec_verify(const float *p, const float *q, const int32_t *target_tok, co
         }
         int32_t j = 0;
         for (; j < nd; j++) {
-            const float *pj = p + (r0 + (size_t)j) * V, *qj = q ? q + ((size_t)s * k_max + j) * V : NULL;
+            const float *pj = p + (r0 + (size_t)j) * V, *qj = q ? q[(size_t)s * k_max + j] : NULL;
+            if (qj) {
+                F32(qj, qv);
+                fake_kn_spec_verify_q_rows++;
+            }
             const int32_t x = d[j];
-            const double px = x >= 0 && x < V ? pj[x] : 0.0, qx = x >= 0 && x < V ? (qj ? qj[x] : 1.0) : 1.0;
+            const double px = x >= 0 && x < V ? pj[x] : 0.0;
+            const double qx = x >= 0 && x < V ? (qj ? fake_q_at(qj, t2d, qv, x) : 1.0) : 1.0;
             const double ua = us ? us[j] : kn_philox_uniform(seed[s], pos0[s] + j, 0);
             if (px > 0.0 && (qx <= 0.0 || ua * qx < px)) { out[j] = x; continue; }
             double total = 0.0;
             for (int32_t i = 0; i < V; i++) {
-                const float qi = qj ? qj[i] : (i == x ? 1.0f : 0.0f), df = pj[i] - qi;
+                const float qi = qj ? fake_q_at(qj, t2d, qv, i) : (i == x ? 1.0f : 0.0f), df = pj[i] - qi;
                 res[i] = df > 0.0f ? df : 0.0f;
                 total += res[i];
             }

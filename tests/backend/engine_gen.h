@@ -14,8 +14,10 @@
  * temperature, top-k, top-p, min-p, penalties, logit_bias, min_tokens;
  * logprobs; greedy with penalties and a biased EG_EOS behind min_tokens;
  * speculative k = 3 with an oracle proposer (greedy chains verified on the
- * device, a sampling chain with q rows on the host), and speculative greedy
- * == plain greedy. The reference engine runs on `mc` (a host-visible
+ * device, a sampling chain with q rows on the host, and the same chain with
+ * its q rows left on the device: propose_dev, q over a draft vocabulary of
+ * half the ids read through t2d, verified on the device), and speculative
+ * greedy == plain greedy. The reference engine runs on `mc` (a host-visible
  * backend: host sampling), the other on `md` with runner.sample_be = `dev`.
  */
 #ifndef SPECD_TESTS_BACKEND_ENGINE_GEN_H
@@ -69,7 +71,28 @@ static int eg_dt_flush(void *s, char **out, size_t *len, size_t *cap) { (void)s,
 static const int32_t eg_eos[1] = {EG_EOS};
 
 /* ---- oracle proposer: drafts the plain greedy continuation of its request (g_oracle_ref), every third
- * draft corrupted; q (when asked) one-hot at the draft, so host and device verify the same rule ---- */
+ * draft corrupted. q (when asked): for a sampled row (temperature > 0) a dense distribution over a DRAFT
+ * vocabulary of EG_VD ids (draft id c is target id eg_or_used(c); half the vocabulary, so some drafts fall
+ * outside it, where q = 0), with extra mass on the draft; scattered to target ids on the host (propose),
+ * or left as draft-vocabulary rows in device memory with a t2d map (propose_dev, when eg_or_qdev is set and
+ * the engine samples on eg_dev): host and device verify the same q. Greedy rows: one-hot at the draft ---- */
+#define EG_VD 256
+static int eg_or_qdev;          /* offer propose_dev (q rows on eg_dev) */
+static backend *eg_or_be;       /* the device backend of the q rows (eg_scenarios sets it) */
+static float *eg_or_dq;         /* eg_or_be memory: [EG_MAXR * 16, EG_VD] q rows */
+static int32_t *eg_or_dt2d;     /* eg_or_be memory: I32 [vocab] */
+static long eg_or_dev_rows;     /* dense q rows propose_dev left on the device */
+static int32_t eg_or_used(int32_t c) { return (int32_t)(((int64_t)c * 5 + 1) % eg_vocab); }
+/* Row j's q over the draft vocabulary (EG_VD floats, normalised) at n_tok known tokens, draft d. */
+static void eg_or_qrow(int32_t n_tok, int32_t j, int32_t d, float *qr) {
+    double w[EG_VD], sum = 0;
+    for (int32_t c = 0; c < EG_VD; c++) {
+        w[c] = 1.0 + (double)(((uint64_t)c * 13u + (uint64_t)n_tok * 7u + (uint64_t)j * 3u) % 17u);
+        if (eg_or_used(c) == d) w[c] += 2000.0;
+        sum += w[c];
+    }
+    for (int32_t c = 0; c < EG_VD; c++) qr[c] = (float)(w[c] / sum);
+}
 static int32_t eg_or_tok[64][256], eg_or_n[64];
 static const int32_t *eg_or_prompt[EG_MAXR];
 static int32_t eg_or_np[EG_MAXR], eg_or_ref[EG_MAXR][EG_MAXN];
@@ -80,9 +103,11 @@ static int eg_or_extend(void *ctx, int64_t id, const int32_t *t, int32_t n, int3
     eg_or_n[id % 64] = pos0 + n;
     return 0;
 }
-static int eg_or_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
-                      int32_t *out, float *q, specd_err *err) {
-    (void)ctx, (void)temps, (void)err;
+/* The drafts and their q: host rows over the target vocabulary into q (when not NULL), or, with dq, device
+ * rows over the draft vocabulary into eg_or_dq (row i k_max + j; -1 in dq->row for one-hot). */
+static int eg_or_draft(const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                       int32_t *out, float *q, spec_dev_q *dq, specd_err *err) {
+    float qr[EG_VD];
     for (int32_t i = 0; i < n; i++) {
         const int64_t id = ids[i] % 64;
         int best = -1;
@@ -93,19 +118,48 @@ static int eg_or_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_
             int32_t d = j < k[i] && gi >= 0 && gi < EG_MAXN ? eg_or_ref[best][gi] : -1;
             if (d >= 0 && ((uint64_t)eg_or_n[id] * 31u + (uint64_t)j * 7u) % 3 == 0) d = (d + 1) % eg_vocab;
             out[i * k_max + j] = d;
+            const bool dense = d >= 0 && temps && temps[i] > 0.0f;
+            if (dense) eg_or_qrow(eg_or_n[id], j, d, qr);
             if (q) {
                 float *qj = q + ((size_t)i * k_max + j) * (size_t)eg_vocab;
                 memset(qj, 0, sizeof(float) * (size_t)eg_vocab);
-                if (d >= 0) qj[d] = 1.0f;
+                if (dense)
+                    for (int32_t c = 0; c < EG_VD; c++) qj[eg_or_used(c)] = qr[c];
+                else if (d >= 0)
+                    qj[d] = 1.0f;
+            }
+            if (dq) {
+                const int32_t row = i * k_max + j;
+                dq->row[row] = dense ? row : -1;
+                if (dense && eg_or_be->ops->upload(eg_or_be->ctx, eg_or_dq + (size_t)row * EG_VD, qr, sizeof qr) < 0)
+                    return specd_err_set(err, "oracle: q row upload failed");
+                eg_or_dev_rows += dense;
             }
         }
     }
     return 0;
 }
+static int eg_or_propose(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max, const float *temps,
+                      int32_t *out, float *q, specd_err *err) {
+    (void)ctx;
+    return eg_or_draft(ids, k, n, k_max, temps, out, q, NULL, err);
+}
+static const struct backend *eg_or_dev_q_backend(void *ctx) {
+    (void)ctx;
+    return eg_or_qdev && eg_or_dq ? eg_or_be : NULL;
+}
+static int eg_or_propose_dev(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max,
+                             const float *temps, int32_t *out, spec_dev_q *dq, specd_err *err) {
+    (void)ctx;
+    if (n > EG_MAXR || k_max > 16) return specd_err_set(err, "oracle: %d sequences x %d drafts", n, k_max);
+    dq->q = eg_or_dq, dq->q_vocab = EG_VD, dq->t2d = eg_or_dt2d;
+    return eg_or_draft(ids, k, n, k_max, temps, out, NULL, dq, err);
+}
 static void eg_or_free(void *ctx, int64_t id) { (void)ctx, eg_or_n[id % 64] = 0; }
 static void eg_or_trunc(void *ctx, int64_t id, int32_t n) { (void)ctx; if (eg_or_n[id % 64] > n) eg_or_n[id % 64] = n; }
 static const spec_proposer_ops eg_or_ops = {.extend = eg_or_extend, .propose = eg_or_propose, .truncate = eg_or_trunc,
-                                         .free_seq = eg_or_free};
+                                         .free_seq = eg_or_free, .dev_q_backend = eg_or_dev_q_backend,
+                                         .propose_dev = eg_or_propose_dev};
 static spec_proposer eg_oracle = {.ops = &eg_or_ops, .ctx = NULL};
 
 /* ---- one generation of up to EG_MAXR requests on an engine stepped on this thread ---- */
@@ -149,6 +203,14 @@ static int eg_sample_calls(void) {
 static int eg_verify_calls(void) {
 #if EG_FAKE
     return fake_kn_spec_verify_calls;
+#else
+    return 0;
+#endif
+}
+
+static int eg_verify_q_rows(void) {
+#if EG_FAKE
+    return (int)fake_kn_spec_verify_q_rows;
 #else
     return 0;
 #endif
@@ -218,7 +280,7 @@ static void eg_run(model *m, backend *sample_be, int32_t k, const eg_req *rq, in
                 if (prefill && rq[ri].prompt_logprobs) /* positions 0 .. n_prompt - 2: raw rows */
                     host += (size_t)(rq[ri].n_prompt - 1) * (size_t)eg_vocab * 4;
                 const bool sampling = rq[ri].sp.temperature >= 1e-5f;
-                if (nd > 0 && sampling) { /* q rows: verified on the host over downloaded raw rows */
+                if (nd > 0 && sampling && !eg_or_qdev) { /* q rows on the host: verified there over raw rows */
                     host += nr * (size_t)eg_vocab * 4;
                     continue;
                 }
@@ -419,6 +481,37 @@ static void eg_scenarios(model *mc, model *md, backend *dev) {
     rm[3].sp.temperature = 0.9f;
     rm[3].prompt = p1, rm[3].n_prompt = 11;
     eg_scenario("speculative k=3, greedy chains on the device + a sampling chain on the host", 3, rm, 4, NULL);
+    /* the same with the sampling chain's q rows left on the device (propose_dev: draft-vocabulary rows, t2d) and
+     * verified there: the CPU engine verifies the same q scattered to target ids on the host; two more sampling
+     * requests (seeds apart, one at temperature 1.5) so rejections and residual draws happen */
+    const int32_t V = eg_vocab;
+    int32_t *t2d = malloc(sizeof(int32_t) * (size_t)V);
+    for (int32_t i = 0; i < V; i++) t2d[i] = -1;
+    for (int32_t c = 0; c < EG_VD; c++) t2d[eg_or_used(c)] = c;
+    eg_or_be = dev;
+    eg_or_dq = dev->ops->buf_alloc(dev->ctx, sizeof(float) * EG_MAXR * 16 * EG_VD);
+    eg_or_dt2d = dev->ops->buf_alloc(dev->ctx, sizeof(int32_t) * (size_t)V);
+    EG_EXPECT(eg_or_dq && eg_or_dt2d && dev->ops->upload(dev->ctx, eg_or_dt2d, t2d, sizeof(int32_t) * (size_t)V) == 0,
+              "oracle q rows on the device");
+    eg_req rd[4] = {rm[0], rs[0], rs[1], rm[3]};
+    rd[1].sp.max_tokens = rd[2].sp.max_tokens = 24, rd[1].sp.ignore_eos = rd[2].sp.ignore_eos = true;
+    rd[1].sp.min_tokens = rd[2].sp.min_tokens = 0;
+    rd[1].sp.temperature = 1.5f, rd[1].sp.seed = 77;
+    rd[2].prompt = p2, rd[2].n_prompt = 9, rd[2].sp.seed = 4242;
+    eg_or_count = 3;
+    eg_or_qdev = 1;
+    const long qr0 = eg_or_dev_rows;
+    const int vq0 = eg_verify_q_rows();
+    eg_result dq;
+    eg_scenario("speculative k=3, sampling chains with q rows on the device (t2d) verified there", 3, rd, 4, &dq);
+    EG_EXPECT(eg_or_dev_rows > qr0, "the oracle left no q rows on the device");
+    EG_EXPECT(!EG_FAKE || eg_verify_q_rows() > vq0, "no draft was verified against a device q row");
+    printf("  device q: %ld dense q rows proposed on the device, %d verified against one\n", eg_or_dev_rows - qr0,
+           eg_verify_q_rows() - vq0);
+    eg_or_qdev = 0;
+    dev->ops->buf_free(dev->ctx, eg_or_dq), dev->ops->buf_free(dev->ctx, eg_or_dt2d);
+    eg_or_dq = NULL, eg_or_dt2d = NULL;
+    free(t2d);
 
 }
 

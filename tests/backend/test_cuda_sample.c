@@ -142,6 +142,129 @@ static void test_op_chains(backend *dev) {
     op->buf_free(dev->ctx, d);
 }
 
+/* bk_ops.sample with sampling chains whose q rows stay on the device (bk_verify_seq.q: one device pointer per
+ * draft into a block of rows over a DRAFT vocabulary of VD = 120 of V = 300 ids, target id used[c] = (7 c +
+ * 5) mod V, read through a device t2d map; one NULL row: a one-hot draft) beside a plain row and a greedy
+ * chain, against the CPU's rule with each request's RNG over q scattered to target ids (sampler_probs +
+ * sampler_accept, spec_verify_seq's loop), and the bytes device -> host: the ids and counts only, 4 per row
+ * and 4 (k_max + 2) per chain; no q and no logits row. */
+static void test_op_qdev(backend *dev) {
+    enum { V = 300, VD = 120, NR = 11, NC = 3, K = 3 };
+    const bk_ops *op = dev->ops;
+    float *lg = malloc(sizeof(float) * NR * V);
+    uint64_t x = 7;
+    for (int i = 0; i < NR * V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        lg[i] = (float)((int)(x >> 40) % 4096) / 512.0f - 4.0f;
+    }
+    int32_t used[VD], t2d[V];
+    for (int i = 0; i < V; i++) t2d[i] = -1;
+    for (int c = 0; c < VD; c++) used[c] = (7 * c + 5) % V, t2d[used[c]] = c;
+    /* rows: 0..3 sampling chain A (3 drafts, dense q) | 4 plain sampling | 5..7 sampling chain B (2 drafts, the
+     * second one-hot) | 8..10 greedy chain C (2 drafts) */
+    static const int32_t r0[NC] = {0, 5, 8}, nd[NC] = {3, 2, 2};
+    static const bool gr[NC] = {false, false, true};
+    float qd[NC * K][VD], qfull[NC][K][V]; /* device block rows (chain c, draft j at row (NC K - 1) - (c K + j)) */
+    memset(qfull, 0, sizeof qfull);
+    int32_t drafts[NC][K];
+    uint64_t y = 99;
+    for (int c = 0; c < NC; c++)
+        for (int j = 0; j < nd[c]; j++) {
+            float *qr = qd[NC * K - 1 - (c * K + j)];
+            double sum = 0;
+            for (int i = 0; i < VD; i++) {
+                y = y * 6364136223846793005ull + 1442695040888963407ull;
+                qr[i] = (float)(1 + (y >> 59)), sum += qr[i];
+            }
+            for (int i = 0; i < VD; i++) qr[i] = (float)(qr[i] / sum);
+            const bool onehot = c == 1 && j == 1;
+            /* drafts from the draft vocabulary (the third of chain A outside it: q = 0 there) */
+            drafts[c][j] = used[(c * 31 + j * 17 + 3) % VD];
+            if (c == 0 && j == 2)
+                for (drafts[c][j] = 13; t2d[drafts[c][j]] >= 0;) drafts[c][j]++;
+            if (onehot) qfull[c][j][drafts[c][j]] = 1.0f;
+            else
+                for (int i = 0; i < VD; i++) qfull[c][j][used[i]] = qr[i];
+            float *row = lg + (size_t)(r0[c] + j) * V; /* the first draft of each chain favoured (accepted) */
+            if (j == 0) row[drafts[c][j]] = row[sampler_argmax(row, V)] + 12.0f;
+        }
+    sampling_params sp[NR];
+    bk_sample_row rows[NR];
+    int32_t hist[40];
+    for (int i = 0; i < 40; i++) hist[i] = (int32_t)((i * 37 + 5) % V);
+    for (int r = 0; r < NR; r++) {
+        sampling_params_init(&sp[r]);
+        const bool greedy = r >= 8;
+        sp[r].temperature = greedy ? 0.0f : 1.3f;
+        sp[r].top_k = 200, sp[r].repetition_penalty = 1.1f;
+        rows[r] = (bk_sample_row){.temperature = sp[r].temperature, .top_p = 1.0f, .top_k = 200,
+                                  .repetition_penalty = 1.1f, .forced = -1, .hist = hist, .n_prompt = 20,
+                                  .n_output = 10};
+    }
+    sampler_rng rng[NC + 1], work[NC + 1]; /* chains A, B, C, plain row 4 */
+    for (int i = 0; i <= NC; i++) sampler_rng_seed(&rng[i], 500 + (uint64_t)i);
+    memcpy(work, rng, sizeof rng);
+    rows[4].u = sampler_rng_uniform(&work[NC]);
+    float *dqd = op->buf_alloc(dev->ctx, sizeof qd);
+    int32_t *dt2d = op->buf_alloc(dev->ctx, sizeof t2d);
+    EG_EXPECT(dqd && dt2d && op->upload(dev->ctx, dqd, qd, sizeof qd) == 0 &&
+                  op->upload(dev->ctx, dt2d, t2d, sizeof t2d) == 0, "q rows / t2d on the device");
+    const float *qp[NC][K];
+    double u[NC][K + 2];
+    bk_verify_seq vs[NC];
+    for (int c = 0; c < NC; c++) {
+        sampler_rng peek = work[c];
+        for (int j = 0; j < nd[c] + 2; j++) u[c][j] = sampler_rng_uniform(&peek);
+        for (int j = 0; j < K; j++) qp[c][j] = c == 1 && j == 1 ? NULL : dqd + (size_t)(NC * K - 1 - (c * K + j)) * VD;
+        vs[c] = (bk_verify_seq){.row0 = r0[c], .n_draft = nd[c], .draft = drafts[c], .greedy = gr[c], .u = u[c],
+                                .q = gr[c] ? NULL : qp[c], .q_vocab = VD, .t2d = dt2d};
+    }
+    float *d = op->buf_alloc(dev->ctx, sizeof(float) * NR * V);
+    bk_tensor t = bk_wrap_f32(d, NR, V);
+    int32_t ids[NR], acc[NC], out[NC * 16];
+    EG_EXPECT(op->upload(dev->ctx, d, lg, sizeof(float) * NR * V) == 0, "upload");
+    const size_t d0 = fake_d2h_bytes;
+    const long q0 = fake_kn_spec_verify_q_rows;
+    EG_EXPECT(op->sample(dev->ctx, &t, rows, NR, vs, NC, ids, acc, out) == 0, "sample op with device q failed");
+    EG_EXPECT(fake_d2h_bytes - d0 == 4 * (NR + NC * (K + 2)),
+              "sample op with device q: %zu bytes device -> host, expected %d (ids and counts only)",
+              fake_d2h_bytes - d0, 4 * (NR + NC * (K + 2)));
+    EG_EXPECT(fake_kn_spec_verify_q_rows > q0, "no draft was tested against its device q row");
+    /* the CPU's rule over q scattered to target ids */
+    sampler_work *w = sampler_work_create(V);
+    float *p = malloc(sizeof(float) * V);
+    sampler_hist h = {hist, 20, hist + 20, 10, NULL, 0};
+    EG_EXPECT(ids[4] == sampler_sample(w, &sp[4], &h, &rng[NC], lg + 4 * V), "plain sampled row: %d", ids[4]);
+    int n_acc = 0, n_rej = 0;
+    for (int c = 0; c < NC; c++) {
+        int32_t a = 0, tok = -1;
+        for (int j = 0; j <= nd[c]; j++) {
+            const float *row = lg + (size_t)(r0[c] + j) * V;
+            bool ok = false;
+            if (j == nd[c] || gr[c]) {
+                tok = sampler_sample(w, &sp[r0[c] + j], &h, &rng[c], row);
+                ok = j < nd[c] && tok == drafts[c][j];
+            } else {
+                sampler_probs(w, &sp[r0[c] + j], &h, row, p);
+                ok = sampler_accept(p, qfull[c][j], V, drafts[c][j], &rng[c], w, &tok) == 1;
+            }
+            if (!ok || j == nd[c]) break;
+            a++;
+        }
+        n_acc += a, n_rej += a < nd[c];
+        EG_EXPECT(acc[c] == a && out[c * 16 + a] == tok && memcmp(out + c * 16, drafts[c], (size_t)a * 4) == 0,
+                  "chain %d (device q): device accepted %d (last %d), the CPU's rule %d (last %d)", c, acc[c],
+                  out[c * 16 + (acc[c] >= 0 && acc[c] <= K ? acc[c] : 0)], a, tok);
+    }
+    EG_EXPECT(n_acc >= 2 && n_rej >= 1, "the chains exercise acceptance (%d) and rejection (%d)", n_acc, n_rej);
+    printf("sample op, device q over a %d-id draft vocabulary (t2d): a plain row + 3 chains as the CPU's rule over "
+           "scattered q (%d drafts accepted, %d rejections), %d bytes device -> host, %ld q rows tested\n", VD, n_acc,
+           n_rej, 4 * (NR + NC * (K + 2)), fake_kn_spec_verify_q_rows - q0);
+    sampler_work_destroy(w);
+    free(p), free(lg);
+    op->buf_free(dev->ctx, d), op->buf_free(dev->ctx, dqd), op->buf_free(dev->ctx, dt2d);
+}
+
 /* A step whose staged inputs outgrow the staging carved at create (here: penalised histories of 3 x 500,000
  * ids = 6 MB against ~5 MB), on an arena with no room left (as after the KV pool took it): the op samples it
  * in parts (split between rows, never inside a chain) instead of growing the staging, so it succeeds and
@@ -292,6 +415,7 @@ int main(void) {
         return 1;
     }
     test_op_chains(dev);
+    test_op_qdev(dev);
     test_op_outgrown();
     test_engine_error(path);
     eg_scenarios(mc, md, dev);

@@ -31,6 +31,10 @@
  *     the host's uniforms (u [n, K + 2], consumed in sampler_accept's order)
  *     and the rows of the sequences in reverse order (row0), as the engine
  *     lays them out.
+ *  3b. kn_spec_verify with q over a DRAFT vocabulary (120 of 300 ids) read
+ *     through t2d, one device pointer per draft (shuffled rows, some NULL:
+ *     one-hot), drafts inside and outside the draft vocabulary, host
+ *     uniforms: identical to ref_verify over q scattered to target ids.
  *  2b. kn_sample_draw (test_draw, V = 100 and 32000) vs sampler_probs +
  *     sampler_draw with a temperature only, then d2t: same tokens, q within
  *     1e-6, greedy rows one-hot; in place and with a 64-bit d2t.
@@ -169,10 +173,14 @@ static void test_refusals(void) {
     KN_EXPECT(kn_sample(f, f, f, f, f, f, 3, 1000, f, f, f, need - 1, NULL) == inval, "small scratch accepted");
     KN_EXPECT(kn_sample(f, f, f, f, f, f, 3, 0, f, f, f, need, NULL) == inval, "vocab 0 accepted");
     KN_EXPECT(kn_sample(f, f, f, f, f, f, 0, 1000, f, f, f, 0, NULL) == 0, "0 rows refused");
-    KN_EXPECT(kn_spec_verify(NULL, NULL, NULL, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+    KN_EXPECT(kn_spec_verify(NULL, NULL, 0, NULL, NULL, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
            "no p and no argmax rows");
-    KN_EXPECT(kn_spec_verify(f, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+    KN_EXPECT(kn_spec_verify(f, NULL, 0, NULL, f, NULL, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
            "no drafts with k_max 3");
+    KN_EXPECT(kn_spec_verify(f, f, 50, NULL, f, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+           "q rows of 50 columns without t2d over a vocabulary of 100");
+    KN_EXPECT(kn_spec_verify(f, f, 0, f, f, f, f, f, f, f, NULL, NULL, 2, 3, 100, f, f, NULL) == inval,
+           "q rows of 0 columns");
     KN_EXPECT(kn_philox_uniforms(f, f, f, -1, f, NULL) == inval, "n < 0 accepted");
     const size_t dneed = kn_sample_draw_scratch_bytes(3, 1000);
     KN_EXPECT(dneed == (3 * sizeof(kn_sample_params) + 255) / 256 * 256 + need, "draw scratch bytes %zu", dneed);
@@ -445,6 +453,11 @@ static void verify_case_run(verify_case *c, int with_q) {
     }
     float *dp = dmalloc_copy(pr, (size_t)n * (K + 1) * V * sizeof(float));
     float *dq = with_q ? dmalloc_copy(c->q, (size_t)n * K * V * sizeof(float)) : NULL;
+    /* the kernel takes one device pointer per draft: here row s K + j of the dense [n, K, V] block */
+    const float **qp = malloc(sizeof *qp * (size_t)n * K);
+    for (int32_t i = 0; i < n * K; i++) qp[i] = dq ? dq + (size_t)i * V : NULL;
+    const float **dqp = with_q ? dmalloc_copy(qp, sizeof *qp * (size_t)n * K) : NULL;
+    free(qp);
     int32_t *dtt = dmalloc_copy(ttr, (size_t)n * (K + 1) * sizeof(int32_t));
     int32_t *drow0 = row0 ? dmalloc_copy(row0, (size_t)n * sizeof(int32_t)) : NULL;
     double *du = c->u ? dmalloc_copy(c->u, (size_t)n * (K + 2) * sizeof(double)) : NULL;
@@ -455,11 +468,12 @@ static void verify_case_run(verify_case *c, int with_q) {
     int32_t *dpos = dmalloc_copy(c->pos0, (size_t)n * sizeof(int32_t));
     int32_t *dacc = dmalloc_copy(NULL, (size_t)n * sizeof(int32_t));
     int32_t *dout = dmalloc_copy(NULL, (size_t)n * (K + 1) * sizeof(int32_t));
-    KN_CK(kn_spec_verify(dp, dq, dtt, dd, dnd, dg, ds, dpos, drow0, du, n, K, V, dacc, dout, NULL));
+    KN_CK(kn_spec_verify(dp, (const float *const *)dqp, V, NULL, dtt, dd, dnd, dg, ds, dpos, drow0, du, n, K, V, dacc,
+                         dout, NULL));
     KN_CK(cudaMemcpy(c->acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
     KN_CK(cudaMemcpy(c->out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
     cudaFree(dp), cudaFree(dq), cudaFree(dtt), cudaFree(dd), cudaFree(dnd), cudaFree(dg), cudaFree(ds);
-    cudaFree(dpos), cudaFree(dacc), cudaFree(dout), cudaFree(drow0), cudaFree(du);
+    cudaFree(dpos), cudaFree(dacc), cudaFree(dout), cudaFree(drow0), cudaFree(du), cudaFree(dqp);
     if (c->u) free(pr), free(ttr), free(row0);
 }
 
@@ -539,6 +553,99 @@ static void test_verify_exact(int with_q, int host_u) {
     verify_case_free(&c);
 }
 
+/* 3b. q over a DRAFT vocabulary read through t2d (EAGLE-3's q as its draw leaves it on the device): Vd = 120
+ * draft ids of V = 300 (target id used[c] = (7 c + 5) mod V), each draft's q row at its own device address (rows
+ * in a shuffled block, one pointer per draft, some NULL: one-hot), drafts mostly drawn from q, some outside
+ * the draft vocabulary (q = 0 there: accepted iff p > 0), the host's uniforms; against ref_verify over q
+ * scattered to target ids (what the engine's host path verifies): accepted counts and tokens identical. */
+static void test_verify_t2d(void) {
+    enum { VD = 120 };
+    verify_case c;
+    verify_case_alloc(&c, 96, 4, 300);
+    const int32_t n = c.n, K = c.K, V = c.V;
+    int32_t used[VD], *t2d = malloc(sizeof(int32_t) * (size_t)V);
+    for (int32_t i = 0; i < V; i++) t2d[i] = -1;
+    for (int32_t d = 0; d < VD; d++) used[d] = (7 * d + 5) % V, t2d[used[d]] = d;
+    float *qd = malloc(sizeof(float) * (size_t)n * K * VD);  /* [n K (shuffled), VD] */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n * K); /* draft s K + j's row in qd, -1: one-hot */
+    c.u = malloc((size_t)n * (K + 2) * sizeof(double));
+    for (int32_t i = 0; i < n * (K + 2); i++) c.u[i] = rnd_u();
+    for (int32_t i = 0; i < n * K; i++) perm[i] = i;
+    for (int32_t i = n * K - 1; i > 0; i--) {
+        const int32_t r = rnd_int(i + 1), t = perm[i];
+        perm[i] = perm[r], perm[r] = t;
+    }
+    memset(c.q, 0, (size_t)n * K * V * sizeof(float));
+    for (int32_t s = 0; s < n; s++) {
+        c.greedy[s] = s % 8 == 0;
+        c.nd[s] = s % 5;
+        c.seed[s] = rnd();
+        c.pos0[s] = rnd_int(4096);
+        for (int32_t j = 0; j <= K; j++) {
+            float *pj = c.p + ((size_t)s * (K + 1) + j) * V;
+            rand_dist(pj, V, 1);
+            c.tt[s * (K + 1) + j] = sampler_argmax(pj, V);
+        }
+        for (int32_t j = 0; j < K; j++) {
+            const int32_t i = s * K + j;
+            float *qfull = c.q + (size_t)i * V, *qr = qd + (size_t)perm[i] * VD;
+            int32_t *d = &c.draft[i];
+            if ((s + j) % 7 == 3) { /* a one-hot draft (NULL pointer) */
+                perm[i] = -1;
+                *d = rnd_int(V);
+                qfull[*d] = 1.0f;
+                continue;
+            }
+            rand_dist(qr, VD, 1);
+            for (int32_t x = 0; x < VD; x++) qfull[used[x]] = qr[x];
+            *d = rnd_int(6) == 0 ? rnd_int(V) : used[sampler_draw(qr, VD, rnd_u())];
+        }
+    }
+    float *dqd = dmalloc_copy(qd, sizeof(float) * (size_t)n * K * VD);
+    const float **qp = malloc(sizeof *qp * (size_t)n * K);
+    for (int32_t i = 0; i < n * K; i++) qp[i] = perm[i] < 0 ? NULL : dqd + (size_t)perm[i] * VD;
+    const float **dqp = dmalloc_copy(qp, sizeof *qp * (size_t)n * K);
+    int32_t *dt2d = dmalloc_copy(t2d, sizeof(int32_t) * (size_t)V);
+    float *dp = dmalloc_copy(c.p, (size_t)n * (K + 1) * V * sizeof(float));
+    int32_t *dtt = dmalloc_copy(c.tt, (size_t)n * (K + 1) * sizeof(int32_t));
+    double *du = dmalloc_copy(c.u, (size_t)n * (K + 2) * sizeof(double));
+    int32_t *dd = dmalloc_copy(c.draft, (size_t)n * K * sizeof(int32_t));
+    int32_t *dnd = dmalloc_copy(c.nd, (size_t)n * sizeof(int32_t));
+    uint8_t *dg = dmalloc_copy(c.greedy, (size_t)n);
+    uint64_t *ds = dmalloc_copy(c.seed, (size_t)n * sizeof(uint64_t));
+    int32_t *dpos = dmalloc_copy(c.pos0, (size_t)n * sizeof(int32_t));
+    int32_t *dacc = dmalloc_copy(NULL, (size_t)n * sizeof(int32_t));
+    int32_t *dout = dmalloc_copy(NULL, (size_t)n * (K + 1) * sizeof(int32_t));
+    KN_CK(kn_spec_verify(dp, (const float *const *)dqp, VD, dt2d, dtt, dd, dnd, dg, ds, dpos, NULL, du, n, K, V, dacc,
+                         dout, NULL));
+    KN_CK(cudaMemcpy(c.acc, dacc, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    KN_CK(cudaMemcpy(c.out, dout, (size_t)n * (K + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    float *tmp = malloc((size_t)V * sizeof(float));
+    int32_t ref[5];
+    int bad = 0, n_acc = 0, n_rej = 0, n_out = 0;
+    for (int32_t s = 0; s < n; s++) {
+        for (int32_t j = 0; j < c.nd[s]; j++) n_out += !c.greedy[s] && t2d[c.draft[s * K + j]] < 0;
+        const int32_t a = ref_verify(c.p + (size_t)s * (K + 1) * V, c.q + (size_t)s * K * V, c.tt + s * (K + 1),
+                                     c.draft + s * K, c.nd[s], c.greedy[s], c.seed[s], c.pos0[s],
+                                     c.u + (size_t)s * (K + 2), V, tmp, ref);
+        n_acc += a, n_rej += a < c.nd[s];
+        const int same = c.acc[s] == a && memcmp(c.out + s * (K + 1), ref, (size_t)(a + 1) * sizeof(int32_t)) == 0;
+        if (!same && bad++ < 5)
+            printf("FAIL verify t2d seq %d: GPU accepted %d, reference %d (last token %d)\n", s, c.acc[s], a, ref[a]);
+    }
+    KN_EXPECT(bad == 0, "kn_spec_verify (draft-vocabulary q through t2d): %d of %d sequences differ from the reference",
+              bad, n);
+    KN_EXPECT(n_acc > 0 && n_rej > 0 && n_out > 0, "t2d case exercises nothing: %d accepted, %d rejections, %d drafts "
+              "outside the draft vocabulary", n_acc, n_rej, n_out);
+    printf("spec verify (q over a %d-id draft vocabulary through t2d, host uniforms): %d sequences, %d differ from the "
+           "reference over scattered q (%d drafts accepted, %d rejections, %d drafts outside the draft vocabulary)\n",
+           VD, n, bad, n_acc, n_rej, n_out);
+    cudaFree(dqd), cudaFree(dqp), cudaFree(dt2d), cudaFree(dp), cudaFree(dtt), cudaFree(du), cudaFree(dd);
+    cudaFree(dnd), cudaFree(dg), cudaFree(ds), cudaFree(dpos), cudaFree(dacc), cudaFree(dout);
+    free(qd), free(perm), free(t2d), free(qp), free(tmp);
+    verify_case_free(&c);
+}
+
 /* 4. the first emitted token is distributed as p. */
 static void test_verify_distribution(int with_q) {
     enum { V = 8, K = 3 };
@@ -606,6 +713,7 @@ int main(void) {
     test_verify_exact(0, 0);
     test_verify_exact(1, 1);
     test_verify_exact(0, 1);
+    test_verify_t2d();
     test_verify_distribution(1);
     test_verify_distribution(0);
     printf("%s\n", kn_fails ? "FAILED" : "OK");

@@ -732,8 +732,38 @@ static void test_prefix_cache_with_speculation(void **st) {
     rig_free(&g);
 }
 
+/* engine_set_proposer refuses a proposer with only one of the device-q pair (propose_dev, dev_q_backend), naming
+ * the missing one, and one without propose; the full set is accepted. */
+static int half_propose_dev(void *ctx, const int64_t *ids, const int32_t *k, int32_t n, int32_t k_max,
+                            const float *temps, int32_t *out, spec_dev_q *dq, specd_err *err) {
+    (void)ctx, (void)ids, (void)k, (void)n, (void)k_max, (void)temps, (void)out, (void)dq;
+    return specd_err_set(err, "never called");
+}
+static const struct backend *half_dev_q_backend(void *ctx) { (void)ctx; return NULL; }
+static void test_proposer_ops_refused(void **st) {
+    (void)st;
+    rig g;
+    rig_init(&g, 64, 16, 128, 4, 64, 2, false);
+    spec_proposer_ops ops = fp_ops;
+    spec_proposer p = {.ops = &ops, .ctx = g.fp};
+    specd_err err = {0};
+    ops.propose_dev = half_propose_dev;
+    assert_int_equal(engine_set_proposer(g.e, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "no dev_q_backend"));
+    ops.propose_dev = NULL, ops.dev_q_backend = half_dev_q_backend;
+    assert_int_equal(engine_set_proposer(g.e, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "no propose_dev"));
+    ops.dev_q_backend = NULL, ops.propose = NULL;
+    assert_int_equal(engine_set_proposer(g.e, &p, &err), -1);
+    assert_non_null(strstr(err.msg, "without a propose op"));
+    ops = fp_ops, ops.propose_dev = half_propose_dev, ops.dev_q_backend = half_dev_q_backend;
+    assert_int_equal(engine_set_proposer(g.e, &p, &err), 0);
+    rig_free(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_proposer_ops_refused),
         cmocka_unit_test(test_greedy_lossless_k1),      cmocka_unit_test(test_greedy_lossless_k3),
         cmocka_unit_test(test_greedy_lossless_k5),      cmocka_unit_test(test_greedy_lossless_preempt),
         cmocka_unit_test(test_stops_inside_block),      cmocka_unit_test(test_sampling_lossless),

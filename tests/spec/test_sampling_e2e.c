@@ -74,9 +74,32 @@
  * set 1's (t1,t2,t3) table (chi2 610, df 64) and shows an impossible
  * outcome; temperature 3 in rows j >= 1 fails both sets.
  *
+ * Device variant (spec_sampling_e2e_device: this file built with
+ * SPEC_E2E_DEVICE and tests/backend/cuda_fake.c, the fake CUDA device):
+ * the plain run is replaced by the speculative run on the CPU backend
+ * (the reference tokens, one per request), then the same speculative run
+ * with the target AND the head on the fake device the way `specd serve
+ * --device cuda --draft` wires them (logits sampled and chains verified on
+ * the device: engine_runner.sample_be; features on the device:
+ * eagle3_opts.aux_rows; the head's sampled drafts drawn by bk_ops.draw with
+ * their q rows LEFT on the device, propose_dev, and verified there against
+ * the draft-vocabulary rows through t2d). Asserted: every request's four
+ * tokens identical to the CPU run's (same seeds), the same chi-square
+ * tables on the device run, the device verifier tested drafts against
+ * device q rows (the fake's counter), and the device run moved less than
+ * one logits row (V x 4 = 2 KiB) per step device -> host on average (the
+ * host verification it replaces downloads every chain row: ~300 rows per
+ * step here). The fake's kernels run the host sampler, so this checks the
+ * plumbing and the losslessness of the device path's rule on the real
+ * head, not the kernels' numerics (tests/kernels/test_kn_sample.c).
+ *
  * Threading: single-threaded (engine_step on the test thread).
  */
 #include <math.h>
+#ifdef SPEC_E2E_DEVICE
+#include "tests/backend/cuda_fake/cuda_runtime_api.h" /* first: renames the CUDA backend's entry points */
+#include "engine/backend/cuda_backend.h"
+#endif
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -117,6 +140,11 @@ _Static_assert(NREQ % BATCH == 0, "NREQ must be whole batches");
 
 static backend *g_be;
 static model *g_model;
+#ifdef SPEC_E2E_DEVICE
+static backend *g_dev;          /* the fake CUDA device */
+#endif
+static model *g_dmodel;         /* SPEC_E2E_DEVICE: the target on it */
+static int32_t g_ref_tok[NREQ][NT]; /* SPEC_E2E_DEVICE: the CPU speculative run's tokens */
 static int g_tp;                /* TP ranks (0: no tensor parallelism) */
 static ranks *g_rk;
 static model_comm g_tp_comm;
@@ -335,6 +363,16 @@ static int setup(void **state) {
     }
     g_V = model_get_config(g_model)->vocab;
     if (g_tp) g_tp_run = (tp_runner){g_model, ranks_comm(g_rk), NULL};
+#ifdef SPEC_E2E_DEVICE
+    bk_cuda_opts o = {.device = 0, .arena_bytes = (size_t)256 << 20, .max_tokens = 1024, .max_seqs = BATCH,
+                      .max_len = 64, .block_size = BS, .max_heads = 16, .max_head_dim = 128, .sample_vocab = g_V,
+                      .draw_vocab = g_V};
+    g_dev = bk_cuda_create(&o, &err);
+    if (!g_dev || model_load(target, g_dev, &mo, &g_dmodel, &err) != 0) {
+        fprintf(stderr, "fake device / load %s there: %s\n", target, err.msg);
+        return -1;
+    }
+#endif
     return 0;
 }
 
@@ -348,6 +386,10 @@ static int teardown(void **state) {
     }
     model_destroy(g_model);
     if (g_be) bk_cpu_destroy(g_be);
+#ifdef SPEC_E2E_DEVICE
+    model_destroy(g_dmodel);
+    bk_cuda_destroy(g_dev);
+#endif
     return 0;
 }
 
@@ -365,21 +407,27 @@ static void run_idle(engine *e) {
 
 /* NREQ requests through one engine (with the proposer when spec), the sets
  * interleaved (request_set); counts set s into tb[s][0..3) (reset first);
- * greedy requests must reproduce GREEDY exactly. */
-static void run_mode(bool spec, table *tb[NSET][3], const int32_t *greedy, engine_stats *st) {
+ * greedy requests must reproduce GREEDY exactly. dev (SPEC_E2E_DEVICE): the
+ * target and the head on the fake device; each request's tokens are then
+ * compared with g_ref_tok, which a CPU run (dev false) fills. */
+static void run_mode(bool spec, bool dev, table *tb[NSET][3], const int32_t *greedy, engine_stats *st) {
     specd_err err = {0};
     spec_proposer *prop = NULL;
+    model *tm = dev ? g_dmodel : g_model;
+    int mism = 0;
     engine_config cfg = {.max_model_len = 64, .max_num_seqs = BATCH, .max_num_batched_tokens = 1024,
                          .max_waiting = 4 * BATCH, .enable_prefix_caching = false,
                          .num_speculative_tokens = spec ? K : 0};
     if (g_tp) cfg.forward = tp_runner_forward, cfg.forward_ctx = &g_tp_run;
     engine *e = NULL;
-    if (engine_create(&cfg, g_model, g_tok, &e, &err) != 0) fail_msg("engine_create: %s", err.msg);
-    if (spec) {
+    if (spec) { /* the head first (as the bundle loads it): on the device its aux buffer exists for engine_create */
         eagle3_opts o = {.seed = 20261129};
-        if (eagle3_load(g_head, g_model, &o, &prop, &err) != 0) fail_msg("eagle3_load %s: %s", g_head, err.msg);
-        if (engine_set_proposer(e, prop, &err) != 0) fail_msg("engine_set_proposer: %s", err.msg);
+        if (dev) /* as the bundle sets a head on the target's device: chain buffers for the engine's batch */
+            o.max_seqs = BATCH, o.max_k = K, o.max_rows = 512, o.aux_rows = cfg.max_num_batched_tokens;
+        if (eagle3_load(g_head, tm, &o, &prop, &err) != 0) fail_msg("eagle3_load %s: %s", g_head, err.msg);
     }
+    if (engine_create(&cfg, tm, g_tok, &e, &err) != 0) fail_msg("engine_create: %s", err.msg);
+    if (prop && engine_set_proposer(e, prop, &err) != 0) fail_msg("engine_set_proposer: %s", err.msg);
     for (int k = 0; k < NSET; k++)
         for (int t = 0; t < 3; t++) {
             memset(tb[k][t]->obs, 0, sizeof tb[k][t]->obs);
@@ -410,6 +458,12 @@ static void run_mode(bool spec, table *tb[NSET][3], const int32_t *greedy, engin
             }
             engine_stream_release(s[i]);
             if (n != NT || fin != FINISH_LENGTH) fail_msg("request %d: %d tokens, finish %d", base + i, n, fin);
+            if (dev && memcmp(got, g_ref_tok[base + i], sizeof(int32_t) * NT) != 0 && mism++ < 5)
+                printf("device: request %d: %d %d %d %d, the CPU engine's %d %d %d %d\n", base + i, got[0], got[1],
+                       got[2], got[3], g_ref_tok[base + i][0], g_ref_tok[base + i][1], g_ref_tok[base + i][2],
+                       g_ref_tok[base + i][3]);
+            else if (!dev)
+                memcpy(g_ref_tok[base + i], got, sizeof(int32_t) * NT);
             const int set = request_set(base + i);
             if (set < 0) {
                 if (memcmp(got, greedy, sizeof(int32_t) * NT) != 0)
@@ -435,6 +489,7 @@ static void run_mode(bool spec, table *tb[NSET][3], const int32_t *greedy, engin
     engine_get_stats(e, st);
     engine_destroy(e);
     eagle3_destroy(prop);
+    if (mism) fail_msg("device: %d of %d requests differ from the CPU engine's tokens (same seeds)", mism, NREQ);
 }
 
 static void test_sampling_e2e(void **state) {
@@ -453,15 +508,36 @@ static void test_sampling_e2e(void **state) {
     greedy_reference(greedy);
     printf("reference: %.2f s\n", now_s() - t0);
     bool bad = false;
-    for (int spec = 0; spec < 2; spec++) {
+    for (int mode = 0; mode < 2; mode++) {
         engine_stats st;
         t0 = now_s();
-        run_mode(spec == 1, tb, greedy, &st);
+#ifdef SPEC_E2E_DEVICE
+        /* the CPU speculative run (reference tokens), then the device one */
+        const int spec = 1;
+        const bool dev = mode == 1;
+        const long q0 = fake_kn_spec_verify_q_rows;
+        const size_t d2h0 = fake_d2h_bytes;
+#else
+        const int spec = mode;
+        const bool dev = false;
+#endif
+        run_mode(spec == 1, dev, tb, greedy, &st);
         double el = now_s() - t0;
-        printf("%-5s: %d requests x %d tokens in %.2f s (%d greedy, identical to the reference)\n",
-               spec ? "spec" : "plain", NREQ, NT, el, NGREEDY);
+        printf("%-5s: %d requests x %d tokens in %.2f s (%d greedy, identical to the reference%s)\n",
+               dev ? "dev" : spec ? "spec" : "plain", NREQ, NT, el, NGREEDY,
+               dev ? "; every token identical to the CPU engine's" : "");
+#ifdef SPEC_E2E_DEVICE
+        if (dev) {
+            const long qr = fake_kn_spec_verify_q_rows - q0;
+            const double per_step = (double)(fake_d2h_bytes - d2h0) / (double)st.steps_total;
+            printf("dev  : %ld drafts tested against their device q row; %.0f B device -> host per step (%lld steps; "
+                   "a logits row is %d B)\n", qr, per_step, (long long)st.steps_total, 4 * g_V);
+            assert_true(qr > 0);
+            assert_true(per_step < 4.0 * g_V);
+        }
+#endif
         for (int k = 0; k < NSET; k++) {
-            printf("%-5s set %d (%d requests):", spec ? "spec" : "plain", k, RUNS);
+            printf("%-5s set %d (%d requests):", dev ? "dev" : spec ? "spec" : "plain", k, RUNS);
             for (int t = 0; t < 3; t++) {
                 int df;
                 double chi;
@@ -472,8 +548,8 @@ static void test_sampling_e2e(void **state) {
             printf("\n");
         }
         if (spec) {
-            printf("spec : drafts %lld, draft tokens %lld, accepted %lld (rate %.3f), accepted per position %lld %lld\n",
-                   (long long)st.spec_num_drafts_total, (long long)st.spec_num_draft_tokens_total,
+            printf("%-5s: drafts %lld, draft tokens %lld, accepted %lld (rate %.3f), accepted per position %lld %lld\n",
+                   dev ? "dev" : "spec", (long long)st.spec_num_drafts_total, (long long)st.spec_num_draft_tokens_total,
                    (long long)st.spec_num_accepted_tokens_total,
                    (double)st.spec_num_accepted_tokens_total / (double)st.spec_num_draft_tokens_total,
                    (long long)st.spec_accepted_per_pos_total[0], (long long)st.spec_accepted_per_pos_total[1]);

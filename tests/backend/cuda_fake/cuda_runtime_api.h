@@ -137,6 +137,7 @@ extern long fake_h2d, fake_d2h, fake_syncs;
 /* device -> host / host -> device bytes copied (cudaMemcpyAsync), and the sampling launches */
 extern size_t fake_d2h_bytes, fake_h2d_bytes;
 extern int fake_d2h_calls, fake_kn_sample_calls, fake_kn_spec_verify_calls, fake_kn_sample_draw_calls;
+extern long fake_kn_spec_verify_q_rows;
 /* graphs: launches issued by the host outside a replay (a replayed launch does not count here, a captured one
  * neither), graph launches, launches recorded by captures, graphs alive */
 extern long fake_host_launches, fake_graph_launches, fake_captured_launches;
