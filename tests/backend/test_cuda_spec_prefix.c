@@ -276,10 +276,83 @@ static void check_memory(const char *head) {
            cache, NBM * 16, row, pool);
 }
 
+/* extend_slots refuses what it cannot index (review5): every block id the call writes or the draft's window reads
+ * must be one of the target's NBB KV blocks, the table must cover the positions, the aux rows must be in the
+ * target's buffer; a refused call leaves the sequence as it was (a valid call at the same positions then works),
+ * and a feature-cache head refuses the host-row and aux-row feeds with the reason. */
+static void check_bad_calls(const char *head) {
+    enum { NBB = 8 };
+    specd_err err = {{0}};
+    model *md = NULL;
+    backend *dev = mem_dev((size_t)512 << 20, NBB, &md);
+    if (!dev) return;
+    spec_proposer *sp = NULL;
+    eagle3_opts eo = {.n_blocks = 64, .max_rows = STEP_TOKENS, .max_seqs = 4, .max_k = K, .aux_rows = STEP_TOKENS,
+                      .feat_cache = true};
+    if (eagle3_load(head, md, &eo, &sp, &err) < 0) {
+        EXPECT(0, "eagle3_load: %s", err.msg);
+        model_destroy(md), bk_cuda_destroy(dev);
+        return;
+    }
+    const spec_proposer_ops *o = sp->ops;
+    const int fails0 = n_fail;
+    EXPECT(o->feat_cache_slots(sp->ctx) == NBB * 16, "the cache has %lld rows, want %d",
+           (long long)o->feat_cache_slots(sp->ctx), NBB * 16);
+    int32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = 100 + i;
+    static const struct { const char *what, *want; int32_t pos0, n, row0, nb, b[3]; } BAD[] = {
+        {"a block id past the pool", "KV block id 8 outside the target's 8", 0, 20, 0, 2, {0, NBB}},
+        {"a negative block id", "KV block id -1 outside", 0, 20, 0, 2, {-1, 1}},
+        {"a table shorter than the positions", "a block table of 1 blocks of 16", 0, 20, 0, 1, {0}},
+        {"aux rows past the target's buffer", "outside the target's aux buffer", 0, 20, STEP_TOKENS - 10, 2, {0, 1}},
+        {"a negative table length", "a block table of -1 blocks", 0, 20, 0, -1, {0}},
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        err.msg[0] = 0;
+        const int rc = o->extend_slots(sp->ctx, 1, tok, BAD[i].n, BAD[i].pos0, BAD[i].row0, BAD[i].b, BAD[i].nb, &err);
+        EXPECT(rc < 0 && strstr(err.msg, BAD[i].want), "%s: rc %d, '%s' (want '%s')", BAD[i].what, rc, err.msg,
+               BAD[i].want);
+    }
+    /* positions 0..19 in blocks 5, 2; then 20..23 with a table whose block 0 (read by the window, which still
+     * starts at 0: no pair has run) is bad, while the block the call writes (1) is fine: refused */
+    const int32_t good[3] = {5, 2, 7}, bad_low[2] = {NBB + 3, 2};
+    EXPECT(o->extend_slots(sp->ctx, 1, tok, 20, 0, 0, good, 2, &err) == 0, "a valid extend_slots: %s", err.msg);
+    err.msg[0] = 0;
+    int rc = o->extend_slots(sp->ctx, 1, tok + 20, 4, 20, 20, bad_low, 2, &err);
+    EXPECT(rc < 0 && strstr(err.msg, "KV block id 11 outside"), "a bad block the window reads (below pos0): rc %d, "
+           "'%s'", rc, err.msg);
+    EXPECT(o->extend_slots(sp->ctx, 1, tok + 20, 4, 20, 20, good, 2, &err) == 0,
+           "the same positions with a valid table after the refusal: %s", err.msg);
+    /* the sampled token (no features yet), then a propose: the window read blocks 5, 2 and drafted */
+    EXPECT(o->extend(sp->ctx, 1, tok + 24, 1, 24, NULL, &err) == 0, "extend of the sampled token: %s", err.msg);
+    const int32_t prop_k = K;
+    int32_t drafts[K];
+    const int64_t id = 1;
+    const float temp0 = 0.f;
+    EXPECT(o->propose(sp->ctx, &id, &prop_k, 1, K, &temp0, drafts, NULL, &err) == 0, "propose after them: %s", err.msg);
+    EXPECT(drafts[0] >= 0 && drafts[0] < model_get_config(md)->vocab, "no draft after the valid feeds (%d)", drafts[0]);
+    /* the host-row and aux-row feeds are refused on a feature-cache head */
+    float aux[1] = {0};
+    err.msg[0] = 0;
+    rc = o->extend(sp->ctx, 2, tok, 1, 0, aux, &err);
+    EXPECT(rc < 0 && strstr(err.msg, "device feature cache"), "extend with host rows: rc %d, '%s'", rc, err.msg);
+    err.msg[0] = 0;
+    rc = o->extend_rows(sp->ctx, 2, tok, 1, 0, 0, &err);
+    EXPECT(rc < 0 && strstr(err.msg, "extend_slots"), "extend_rows: rc %d, '%s'", rc, err.msg);
+    if (n_fail == fails0)
+        printf("extend_slots: %zu bad calls refused with the reason, valid ones after them fed and proposed\n",
+               sizeof BAD / sizeof BAD[0] + 1);
+    eagle3_destroy(sp);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+}
+
 int main(void) {
     char p[1024], head[1024];
     snprintf(p, sizeof p, "%s/tests/fixtures/eagle3/capture_smollm2.json", dt_src());
     snprintf(head, sizeof head, "%s/draft/heads/smollm2-135m-eagle3", dt_src());
+    setvbuf(stdout, NULL, _IONBF, 0);
+    check_bad_calls(head); /* first: quick */
     json_error_t je;
     json_t *cap = json_load_file(p, 0, &je);
     if (!cap) { printf("FAIL %s: %s\n", p, je.text); return 1; }
