@@ -44,6 +44,7 @@
 
 #include "engine/comm/ranks.h"
 #include "engine/runtime/tp.h"
+#include "tests/kimi_c/kimi_c_ref.h"
 #include "tests/kimi_c/kimi_c_util.h"
 
 #define EP_SEQS 8 /* KV pool of every rank: EP_SEQS sequences of KC_MAXB blocks (kc_block_table) */
@@ -101,62 +102,6 @@ static void group_stop(group *g) {
     model_destroy(g->m);
 }
 
-/* M (through kc_tp_runner when set) against a transformers fixture: top-5 identical and max |diff| <= 2e-3 x
- * max|logit| at every stored position, the fixture's greedy continuation identical. Returns the worst
- * |diff| / max|logit|. */
-static double vs_transformers(model *m, const json_t *fx, const char *what) {
-    const int V = model_get_config(m)->vocab;
-    const json_t *prompts = json_object_get(fx, "prompts"), *sel = json_object_get(fx, "sel_ids");
-    double worst = 0;
-    float *lg = malloc(sizeof(float) * 128 * (size_t)V);
-    for (size_t pi = 0; pi < json_array_size(prompts); pi++) {
-        const json_t *pr = json_array_get(prompts, pi);
-        int n;
-        int32_t *ids = kc_ids(json_object_get(pr, "ids"), &n);
-        assert_int_equal(kc_run(m, 0, ids, n, 0, lg, NULL, 0, NULL, NULL), 0);
-        const json_t *rows = json_object_get(pr, "logits");
-        for (size_t k = 0; k < json_array_size(rows); k++) {
-            const json_t *r = json_array_get(rows, k);
-            const int p = (int)json_integer_value(json_object_get(r, "pos"));
-            const float *row = lg + (size_t)p * V;
-            const json_t *t5 = json_object_get(r, "top5_ids"), *t5v = json_object_get(r, "top5_logits");
-            int top[5];
-            for (int j = 0; j < 5; j++) {
-                int b = -1;
-                for (int i = 0; i < V; i++) {
-                    int used = 0;
-                    for (int u = 0; u < j; u++) used |= top[u] == i;
-                    if (!used && (b < 0 || row[i] > row[b])) b = i;
-                }
-                top[j] = b;
-            }
-            double e = 0;
-            for (int j = 0; j < 5; j++) {
-                const int want = (int)json_integer_value(json_array_get(t5, (size_t)j));
-                if (top[j] != want)
-                    fail_msg("%s prompt %zu pos %d: top-%d id %d, transformers %d", what, pi, p, j + 1, top[j], want);
-                e = fmax(e, fabs(row[want] - json_number_value(json_array_get(t5v, (size_t)j))));
-            }
-            const json_t *sv = json_object_get(r, "sel_logits");
-            for (size_t j = 0; j < json_array_size(sel); j++)
-                e = fmax(e, fabs(row[json_integer_value(json_array_get(sel, j))] - json_number_value(json_array_get(sv, j))));
-            e /= json_number_value(json_object_get(r, "max_abs_logit"));
-            worst = fmax(worst, e);
-            if (e > 2e-3) fail_msg("%s prompt %zu pos %d: |diff| %.3g of max|logit| > 2e-3", what, pi, p, e);
-        }
-        const json_t *gr = json_object_get(pr, "greedy");
-        int32_t next = kc_argmax(lg + (size_t)(n - 1) * V, V);
-        for (size_t s = 0; s < json_array_size(gr); s++) {
-            const int32_t want = (int32_t)json_integer_value(json_array_get(gr, s));
-            if (next != want) fail_msg("%s prompt %zu greedy step %zu: %d != transformers %d", what, pi, s, next, want);
-            assert_int_equal(kc_run(m, 0, &next, 1, n + (int)s, lg, NULL, 0, NULL, NULL), 0);
-            next = kc_argmax(lg, V);
-        }
-        free(ids);
-    }
-    free(lg);
-    return worst;
-}
 
 /* EP N on LAYOUT ("k25" or "wide8") against TP 1 and transformers (the header's bounds). */
 static void check_ep(const char *layout, const char *fixture, int N) {
@@ -231,7 +176,7 @@ static void check_ep(const char *layout, const char *fixture, int N) {
     }
     char what[32];
     snprintf(what, sizeof what, "%s EP %d", layout, N);
-    const double wt = vs_transformers(g.m, fx, what);
+    const double wt = kc_vs_transformers(g.m, fx, what);
     kc_tp_runner = NULL;
     printf("%s EP %d (experts %d..%d whole on rank 0, %lld weight bytes, read %lld; TP %d: %lld kept, %lld read): "
            "logits vs TP 1 within %.3g of max|logit| (bound 1e-5), 16 greedy tokens identical, rerun bit-identical; "
