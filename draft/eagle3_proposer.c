@@ -1180,11 +1180,18 @@ static int op_propose_dev(void *ctx, const int64_t *ids, const int32_t *k, int32
     e3_proposer *P = ctx;
     if (!op_dev_q_backend(P))
         return specd_err_set(err, "eagle3 propose_dev: no device q rows on the %s backend", P->be->name);
-    if (k_max > P->opts.max_k || n > P->opts.max_seqs)
-        return specd_err_set(err, "eagle3 propose_dev: %d sequences of up to %d drafts, the q buffer holds %d x %d", n,
-                             k_max, P->opts.max_seqs, P->opts.max_k);
+    if (n > P->opts.max_seqs)
+        return specd_err_set(err, "eagle3 propose_dev: %d sequences, the q buffer holds %d (max_seqs)", n,
+                             P->opts.max_seqs);
     for (int64_t i = 0; i < (int64_t)n * k_max; i++) dq->row[i] = -1;
     dq->q = P->qd.p, dq->q_vocab = P->Vd, dq->t2d = P->t2d.p;
+    if (k_max > P->opts.max_k) {
+        /* more drafts than the q buffer's [max_k] slices (a per-request k above the head's, engine API only): the
+         * drafts come as propose's, every row -1, so the verifier treats them one-hot (accept x with p(x), else
+         * draw from max(0, p - onehot(x))): still lossless, only a lower acceptance */
+        LOG_DEBUG("eagle3 propose_dev: k_max %d > the q buffer's %d: drafts verified one-hot", k_max, P->opts.max_k);
+        return op_propose(P, ids, k, n, k_max, temps, out_tokens, NULL, err);
+    }
     P->qrow = dq->row;
     const int rc = op_propose(P, ids, k, n, k_max, temps, out_tokens, NULL, err);
     P->qrow = NULL;
@@ -1353,15 +1360,19 @@ int eagle3_load(const char *dir, model *target, const eagle3_opts *o, spec_propo
                 for (int32_t i = 0; i < P->Vd; i++)
                     if (used[i] >= 0 && used[i] < P->Vt) t2d[used[i]] = i;
             }
-            if (!P->t2d.p || P->be->ops->upload(P->be->ctx, P->t2d.p, t2d, tb) < 0) {
-                free(t2d);
-                specd_err_set(err, "cannot allocate the draft's q rows (%zu bytes of %s memory: %zu x %zu x %d floats)",
-                              qb + tb, P->be->name, K, G, P->Vd);
-                eagle3_destroy(&P->pub);
-                return -1;
-            }
+            const char *why = !t2d ? "host memory for the map" : !P->qd.p ? "the q rows" : !P->t2d.p ? "the t2d map"
+                              : P->be->ops->upload(P->be->ctx, P->t2d.p, t2d, tb) < 0 ? "the t2d upload" : NULL;
             free(t2d);
-            P->qd.cap = qb, P->t2d.cap = tb;
+            if (why) {
+                /* optional: without them sampled chains verify on the host over downloaded q (propose) */
+                LOG_WARN("eagle3: no device q rows for sampled drafts (%s failed; %zu bytes of %s memory: [%zu, %zu, "
+                         "%d] floats + the map): sampled chains are verified on the host", why, qb + tb, P->be->name,
+                         K, G, P->Vd);
+                buf_drop(P, &P->qd);
+                buf_drop(P, &P->t2d);
+            } else {
+                P->qd.cap = qb, P->t2d.cap = tb;
+            }
         }
         for (int32_t i = 0; i < P->n_fchunks && !P->slots; i++) P->ffree[i] = P->n_fchunks - 1 - i;
         P->n_ffree = P->slots ? 0 : P->n_fchunks;

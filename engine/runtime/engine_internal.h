@@ -139,7 +139,7 @@ struct engine {
     int64_t *p_ids; int32_t *p_k; float *p_temp; int32_t *p_tok; size_t cap_prop;
     sched_seq **p_seqs;
     float *p_q; size_t cap_q_rows;                        /* [n, k_max, vocab] */
-    int32_t *p_qrow;                                      /* [max_num_seqs, 16] propose_dev's q rows */
+    int32_t *p_qrow;    /* propose_dev's q rows: [n, k_max] (stride k_max) in a [max_num_seqs * 16] buffer */
     spec_dev_q qdev;                                      /* the last propose_dev's q (rows on sample_be) */
     float *aux_pool;      /* [n_blocks * block_size, n_aux * hidden]: aux features by KV slot, so a
                              prefix-cache hit can feed the draft the cached positions' features;

@@ -270,7 +270,19 @@ static void check_memory(const char *head) {
     else printf("a cache that does not fit is refused: %s\n", err.msg);
     sp = NULL;
     EXPECT(eagle3_load(head, md, &without, &sp, &err) == 0, "the same arena without the cache: %s", err.msg);
+    EXPECT(sp && sp->ops->dev_q_backend(sp->ctx) == dev, "a head with room for its q rows has no device q");
     eagle3_destroy(sp);
+    model_destroy(md);
+    bk_cuda_destroy(dev);
+    /* the q rows of sampled drafts are optional: an arena 1 MB short of the head without the cache (its q rows are
+     * [K, 4, Vd] f32 = 1.5 MB, placed after everything it cannot do without) loads the head without them, and
+     * sampled chains verify on the host (dev_q_backend NULL) */
+    const size_t arena_c = (top_without - ((size_t)1 << 20)) & ~(size_t)255;
+    if (!(dev = mem_dev(arena_c, NBM, &md))) return;
+    sp = NULL;
+    EXPECT(eagle3_load(head, md, &without, &sp, &err) == 0, "an arena short of the q rows: %s", err.msg);
+    EXPECT(sp && sp->ops->dev_q_backend(sp->ctx) == NULL, "an arena short of the q rows still has device q rows");
+    if (sp) eagle3_destroy(sp);
     model_destroy(md);
     bk_cuda_destroy(dev);
     printf("device memory: the cache takes %zu bytes (%d KV slots x %zu) in place of the %zu-byte chunk pool\n",
@@ -332,6 +344,18 @@ static void check_bad_calls(const char *head) {
     const float temp0 = 0.f;
     EXPECT(o->propose(sp->ctx, &id, &prop_k, 1, K, &temp0, drafts, NULL, &err) == 0, "propose after them: %s", err.msg);
     EXPECT(drafts[0] >= 0 && drafts[0] < model_get_config(md)->vocab, "no draft after the valid feeds (%d)", drafts[0]);
+    /* propose_dev past the q buffer's max_k slices (a per-request k above the head's, engine API): the same
+     * drafts as propose, every q row -1 (verified one-hot: lossless), not a failed step */
+    {
+        enum { KX = K + 2 };
+        const int32_t kx = KX;
+        int32_t dx[KX], rows[KX];
+        spec_dev_q dq = {.row = rows};
+        EXPECT(o->propose_dev(sp->ctx, &id, &kx, 1, KX, &temp0, dx, &dq, &err) == 0,
+               "propose_dev with k_max %d > max_k %d: %s", KX, K, err.msg);
+        EXPECT(!memcmp(dx, drafts, sizeof drafts), "propose_dev past max_k drafts differently from propose");
+        for (int j = 0; j < KX; j++) EXPECT(rows[j] == -1, "propose_dev past max_k: q row %d of draft %d", rows[j], j);
+    }
     /* the host-row and aux-row feeds are refused on a feature-cache head */
     float aux[1] = {0};
     err.msg[0] = 0;
